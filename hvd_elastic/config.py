@@ -1,0 +1,247 @@
+"""Configuration: every knob is an ``HVD_ELASTIC_<NAME>`` environment variable or a keyword argument (which wins).
+
+The table ``KNOBS`` below is the single source of truth: parsing, validation, the error messages and the README's
+knobs table all come from it. Settings are parsed once at start-up; a bad value raises :class:`ConfigError` whose
+message is one line naming the setting, the value and what is accepted.
+
+Example::
+
+    cfg = Config.from_env(staleness=2)         # HVD_ELASTIC_POLICY etc. from os.environ, staleness from the kwarg
+    cfg.policy, cfg.staleness
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Callable, Dict, Mapping, Optional
+
+from .errors import ConfigError
+
+PREFIX = "HVD_ELASTIC_"
+POLICIES = ("bsp", "asp", "ssp", "dssp", "zipline", "lbbsp", "wbsp")
+PREDICTORS = ("last", "ewma", "arx")
+LBBSP_MODES = ("cpu", "gpu")
+# Variables with the prefix that configure tooling (ci/bootstrap.sh), not a run; accepted and ignored here.
+TOOLING_VARIABLES = ("CACHE", "VENV")
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    name: str            # keyword-argument name; the variable is PREFIX + name.upper()
+    default: Any
+    parse: Callable[[str, "Knob"], Any]
+    accepted: str        # how the accepted values are described in errors and in the README
+    doc: str
+    used_by: tuple = ()  # policies that read this knob; empty: every policy
+
+    @property
+    def variable(self) -> str:
+        return PREFIX + self.name.upper()
+
+
+def _choice(values):
+    def parse(raw: str, knob: Knob):
+        v = raw.strip().lower()
+        if v not in values:
+            raise ValueError
+        return v
+    return parse
+
+
+def _int(minimum):
+    def parse(raw: str, knob: Knob):
+        v = int(str(raw).strip(), 10)
+        if v < minimum:
+            raise ValueError
+        return v
+    return parse
+
+
+def _float(minimum, exclusive=False):
+    def parse(raw: str, knob: Knob):
+        v = float(str(raw).strip())
+        if math.isnan(v) or math.isinf(v) or v < minimum or (exclusive and v == minimum):
+            raise ValueError
+        return v
+    return parse
+
+
+def _bool(raw: str, knob: Knob):
+    v = str(raw).strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ValueError
+
+
+def _text(raw: str, knob: Knob):
+    return str(raw).strip()
+
+
+def _per_rank(minimum):
+    """'*:v,3:w' -> {'*': v, 3: w}: a value for every rank, overridden for named ranks. Empty means none."""
+    def parse(raw: str, knob: Knob):
+        out: Dict[Any, float] = {}
+        text = str(raw).strip()
+        if not text:
+            return {}
+        for item in text.split(","):
+            who, sep, val = item.partition(":")
+            if not sep:
+                raise ValueError
+            who = who.strip()
+            key: Any = "*" if who == "*" else int(who, 10)
+            if key != "*" and key < 0:
+                raise ValueError
+            v = float(val)
+            if math.isnan(v) or math.isinf(v) or v < minimum:
+                raise ValueError
+            out[key] = v
+        return out
+    return parse
+
+
+KNOBS = (
+    Knob("policy", "bsp", _choice(POLICIES), "|".join(POLICIES),
+         "Synchronization model. bsp is exactly Horovod's behaviour."),
+    Knob("staleness", 3, _int(0), "integer >= 0",
+         "ssp: staleness bound s (a worker may lead the slowest by at most s clocks); 0 is bsp.", ("ssp",)),
+    Knob("dssp_lower", 3, _int(0), "integer >= 0",
+         "dssp: lower staleness bound s_L.", ("dssp",)),
+    Knob("dssp_upper", 15, _int(0), "integer >= HVD_ELASTIC_DSSP_LOWER",
+         "dssp: upper staleness bound s_U (r_max = s_U - s_L).", ("dssp",)),
+    Knob("lookahead", 15, _int(1), "integer >= 1",
+         "zipline: lookahead R, the most iterations between two barriers; 1 is bsp.", ("zipline",)),
+    Knob("predictor", "last", _choice(PREDICTORS), "|".join(PREDICTORS),
+         "Iteration-time predictor used by zipline, dssp and lbbsp.", ("zipline", "dssp", "lbbsp")),
+    Knob("lbbsp_mode", "cpu", _choice(LBBSP_MODES), "|".join(LBBSP_MODES),
+         "lbbsp: cpu (sizes proportional to throughput) or gpu (step moves with memory caps).", ("lbbsp",)),
+    Knob("wbsp_overlap", False, _bool, "0|1",
+         "wbsp: upload each step from a communication thread while the next step computes.", ("wbsp",)),
+    Knob("tick_ms", 5.0, _float(0.0, exclusive=True), "number > 0",
+         "Relaxed policies: minimum interval between two partial-allreduce ticks, in milliseconds.",
+         ("asp", "ssp", "dssp", "zipline", "wbsp")),
+    Knob("emulate_delay", {}, _per_rank(0.0), "'*:SECONDS,RANK:SECONDS,...' with SECONDS >= 0",
+         "Emulated straggler: extra sleep per step, for every rank (*) and/or named ranks."),
+    Knob("emulate_slowdown", {}, _per_rank(1.0), "'*:FACTOR,RANK:FACTOR,...' with FACTOR >= 1",
+         "Emulated straggler: a rank's compute takes FACTOR times as long (the extra is slept)."),
+    Knob("report", True, _bool, "0|1",
+         "Rank 0 prints the per-rank time breakdown at the end of the run."),
+    Knob("report_json", "", _text, "a file path, or empty",
+         "Rank 0 also writes the end-of-run report as JSON to this path."),
+)
+KNOBS_BY_NAME = {k.name: k for k in KNOBS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    policy: str = "bsp"
+    staleness: int = 3
+    dssp_lower: int = 3
+    dssp_upper: int = 15
+    lookahead: int = 15
+    predictor: str = "last"
+    lbbsp_mode: str = "cpu"
+    wbsp_overlap: bool = False
+    tick_ms: float = 5.0
+    emulate_delay: Mapping[Any, float] = dataclasses.field(default_factory=dict)
+    emulate_slowdown: Mapping[Any, float] = dataclasses.field(default_factory=dict)
+    report: bool = True
+    report_json: str = ""
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None, **overrides) -> "Config":
+        """Parse the environment (default ``os.environ``) and keyword overrides; raise ConfigError on bad input."""
+        return parse_settings(raw_settings(environ, overrides))
+
+    def per_rank(self, name: str, rank: int, size: int) -> float:
+        """Value of a per-rank knob (emulate_delay / emulate_slowdown) for `rank`; checks ranks exist."""
+        spec = getattr(self, name)
+        knob = KNOBS_BY_NAME[name]
+        for key in spec:
+            if key != "*" and key >= size:
+                raise ConfigError(f"{knob.variable} names rank {key} but the job has {size} ranks (0..{size - 1})")
+        return spec.get(rank, spec.get("*", 0.0 if name == "emulate_delay" else 1.0))
+
+    def describe(self) -> Dict[str, Any]:
+        """JSON-friendly view of the effective settings."""
+        out = {}
+        for k in KNOBS:
+            v = getattr(self, k.name)
+            out[k.name] = {str(kk): vv for kk, vv in v.items()} if isinstance(v, Mapping) else v
+        return out
+
+
+def raw_settings(environ: Optional[Mapping[str, str]] = None, overrides: Optional[Mapping[str, Any]] = None) -> Dict:
+    """Collect the settings as given, without validating (never raises): {name: [source, raw]}.
+
+    Ranks exchange this before validation, so that ranks given different settings are told so rather than
+    failing on different errors (or one failing while the others wait for it)."""
+    environ = os.environ if environ is None else environ
+    raw: Dict[str, list] = {}
+    for var, val in sorted(environ.items()):
+        if var.startswith(PREFIX) and var[len(PREFIX):] not in TOOLING_VARIABLES:
+            raw[var[len(PREFIX):].lower()] = ["env", str(val)]
+    for name, val in sorted((overrides or {}).items()):
+        if val is None:
+            continue
+        raw[name] = ["kwarg", val if isinstance(val, (str, int, float, bool)) else json.dumps(val, default=str)]
+    return raw
+
+
+def _where(knob_name: str, source: str) -> str:
+    knob = KNOBS_BY_NAME.get(knob_name)
+    if source == "kwarg":
+        return f"keyword argument {knob_name}"
+    return knob.variable if knob else PREFIX + knob_name.upper()
+
+
+def parse_settings(raw: Mapping[str, list]) -> Config:
+    """Validate raw settings into a Config; every problem is a one-line ConfigError."""
+    values: Dict[str, Any] = {}
+    for name, (source, value) in raw.items():
+        knob = KNOBS_BY_NAME.get(name)
+        if knob is None:
+            known = ", ".join(k.variable if source == "env" else k.name for k in KNOBS)
+            raise ConfigError(f"unknown setting {_where(name, source)}; accepted: {known}")
+        if isinstance(value, bool) and knob.parse is not _bool:
+            value = str(int(value))
+        try:
+            values[name] = knob.parse(value if isinstance(value, str) else str(value), knob)
+        except (ValueError, TypeError):
+            raise ConfigError(f"{_where(name, source)}={value!r} is not valid; accepted: {knob.accepted}") from None
+    cfg = Config(**values)
+    if cfg.dssp_upper < cfg.dssp_lower:
+        src = raw.get("dssp_upper", ["env"])[0]
+        raise ConfigError(f"{_where('dssp_upper', src)}={cfg.dssp_upper} is below HVD_ELASTIC_DSSP_LOWER="
+                          f"{cfg.dssp_lower}; accepted: {KNOBS_BY_NAME['dssp_upper'].accepted}")
+    return cfg
+
+
+def unused_settings(raw: Mapping[str, list], cfg: Config) -> list:
+    """Names of knobs that were set but that the chosen policy does not read (worth a warning, not an error)."""
+    return [_where(name, raw[name][0]) for name in raw
+            if name in KNOBS_BY_NAME and KNOBS_BY_NAME[name].used_by and cfg.policy not in KNOBS_BY_NAME[name].used_by]
+
+
+def check_ranks_agree(raw: Mapping[str, list], allgather_object: Callable[[Any], list]) -> None:
+    """Collective: every rank calls it; raises ConfigError on every rank if the ranks' settings differ.
+
+    Per-run outputs (report_json) may differ between ranks; everything else must match."""
+    mine = {k: v[1] for k, v in raw.items() if k != "report_json"}
+    everyone = allgather_object(mine)
+    if all(s == everyone[0] for s in everyone):
+        return
+    names = sorted({k for s in everyone for k in s})
+    diffs = []
+    for name in names:
+        seen: Dict[str, list] = {}
+        for rank, s in enumerate(everyone):
+            seen.setdefault(repr(s.get(name, "<unset>")), []).append(rank)
+        if len(seen) > 1:
+            parts = "; ".join(f"ranks {','.join(map(str, r))}: {v}" for v, r in seen.items())
+            diffs.append(f"{PREFIX + name.upper()} differs across ranks ({parts})")
+    raise ConfigError(" | ".join(diffs))

@@ -1,0 +1,74 @@
+#include "hvd_elastic/worker_clocks.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace hvd_elastic {
+
+WorkerClocks::WorkerClocks(int n, int history) : n_(n), history_(history) {
+  if (n < 1) throw std::invalid_argument("WorkerClocks: n must be >= 1, got " + std::to_string(n));
+  if (history < 1) throw std::invalid_argument("WorkerClocks: history must be >= 1, got " + std::to_string(history));
+  clock_.assign(n, 0);
+  last_.assign(n, -1);
+  intervals_.assign(n, {});
+}
+
+void WorkerClocks::check_worker(int p) const {
+  if (p < 0 || p >= n_)
+    throw std::invalid_argument("worker " + std::to_string(p) + " out of range [0, " + std::to_string(n_) + ")");
+}
+
+void WorkerClocks::record_push(int p, int64_t t_ns) {
+  check_worker(p);
+  if (t_ns < 0) throw std::invalid_argument("push time must be >= 0 ns, got " + std::to_string(t_ns));
+  if (last_[p] >= 0) {
+    if (t_ns < last_[p])
+      throw std::invalid_argument("push times of worker " + std::to_string(p) + " must not decrease: " +
+                                  std::to_string(t_ns) + " < " + std::to_string(last_[p]));
+    intervals_[p].push_back(t_ns - last_[p]);
+    if (static_cast<int>(intervals_[p].size()) > history_) intervals_[p].pop_front();
+  }
+  last_[p] = t_ns;
+  ++clock_[p];
+}
+
+void WorkerClocks::reset_timing() {
+  std::fill(last_.begin(), last_.end(), -1);
+  for (auto& h : intervals_) h.clear();
+}
+
+int64_t WorkerClocks::clock(int p) const { check_worker(p); return clock_[p]; }
+int64_t WorkerClocks::last_push_ns(int p) const { check_worker(p); return last_[p]; }
+
+int64_t WorkerClocks::last_interval_ns(int p) const {
+  check_worker(p);
+  return intervals_[p].empty() ? -1 : intervals_[p].back();
+}
+
+std::vector<int64_t> WorkerClocks::intervals(int p) const {
+  check_worker(p);
+  return {intervals_[p].begin(), intervals_[p].end()};
+}
+
+int64_t WorkerClocks::min_clock() const { return *std::min_element(clock_.begin(), clock_.end()); }
+int64_t WorkerClocks::max_clock() const { return *std::max_element(clock_.begin(), clock_.end()); }
+
+int WorkerClocks::slowest_by_clock() const {
+  return static_cast<int>(std::min_element(clock_.begin(), clock_.end()) - clock_.begin());
+}
+int WorkerClocks::fastest_by_clock() const {
+  return static_cast<int>(std::max_element(clock_.begin(), clock_.end()) - clock_.begin());
+}
+
+int WorkerClocks::slowest_by_interval() const {
+  int best = -1;
+  int64_t best_i = -1;
+  for (int p = 0; p < n_; ++p) {
+    int64_t i = intervals_[p].empty() ? -1 : intervals_[p].back();
+    if (i > best_i) { best_i = i; best = p; }
+  }
+  return best;
+}
+
+}  // namespace hvd_elastic

@@ -1,0 +1,58 @@
+"""Launch real multi-rank jobs (horovodrun --gloo or mpirun) from tests, with a hard time bound.
+
+No mock: these are the launchers users run. The venv's bin folder goes first on PATH so that horovodrun's
+ranks run the same interpreter as the tests.
+"""
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKERS = os.path.join(ROOT, "tests", "workers")
+BIN = os.path.dirname(sys.executable)
+LAUNCHERS = ("horovodrun", "mpirun")
+
+
+@dataclasses.dataclass
+class Result:
+    returncode: int
+    output: str
+    elapsed: float
+    timed_out: bool
+
+    def lines_with(self, text):
+        return [l for l in self.output.splitlines() if text in l]
+
+
+def command(launcher, np, script, args=()):
+    script = script if os.path.isabs(script) else os.path.join(ROOT, script)
+    if launcher == "horovodrun":
+        return [os.path.join(BIN, "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo",
+                sys.executable, script, *map(str, args)]
+    if launcher == "mpirun":
+        return ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np),
+                sys.executable, script, *map(str, args)]
+    raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
+
+
+def launch(launcher, np, script, args=(), env=None, timeout=120) -> Result:
+    """Run `script` on `np` ranks; kill the whole process group after `timeout` seconds."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("HVD_ELASTIC_")}
+    full_env.update({"PATH": BIN + os.pathsep + os.environ.get("PATH", ""), "PYTHONUNBUFFERED": "1",
+                     "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                     "OMPI_MCA_rmaps_base_oversubscribe": "1", "HOROVOD_LOG_LEVEL": "warning"})
+    full_env.update(env or {})
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(command(launcher, np, script, args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=full_env, cwd=ROOT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        timed_out = True
+    return Result(proc.returncode, out, time.perf_counter() - t0, timed_out)

@@ -1,0 +1,28 @@
+"""The README's demo under bsp: it learns, and the telemetry shows the straggler's peers waiting (the problem)."""
+import json
+
+import pytest
+
+from launch import launch
+
+
+@pytest.mark.parametrize("launcher", ["horovodrun"])
+def test_demo_learns_and_fast_ranks_wait_for_the_straggler_under_bsp(launcher, tmp_path):
+    report_path = tmp_path / "report.json"
+    res = launch(launcher, 4, "examples/torch_digits.py", ["--epochs", "4"], timeout=240,
+                 env={"HVD_ELASTIC_EMULATE_DELAY": "*:0.002,3:0.03", "HVD_ELASTIC_REPORT_JSON": str(report_path)})
+    assert res.returncode == 0, res.output[-3000:]
+    acc_lines = res.lines_with("test accuracy:")
+    assert acc_lines, res.output[-3000:]
+    acc = float(acc_lines[-1].split("test accuracy:")[1].split()[0])
+    assert acc > 0.85, acc_lines
+    assert res.lines_with("hvd_elastic report: policy=bsp, 4 ranks")
+    report = json.loads(report_path.read_text())
+    ranks = report["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    assert len({r["steps"] for r in ranks}) == 1
+    fast_wait = sum(r["wait_share"] for r in ranks[:3]) / 3
+    # The straggler sleeps 15x longer than its peers each step: they spend a large share of time waiting for it,
+    # and it barely waits at all.
+    assert fast_wait > 3 * ranks[3]["wait_share"], [(r["rank"], r["wait_share"]) for r in ranks]
+    assert ranks[3]["compute_share"] > max(r["compute_share"] for r in ranks[:3])

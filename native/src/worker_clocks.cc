@@ -51,6 +51,12 @@ std::vector<int64_t> WorkerClocks::intervals(int p) const {
   return {intervals_[p].begin(), intervals_[p].end()};
 }
 
+std::vector<int64_t> WorkerClocks::last_intervals() const {
+  std::vector<int64_t> out(n_);
+  for (int p = 0; p < n_; ++p) out[p] = intervals_[p].empty() ? -1 : intervals_[p].back();
+  return out;
+}
+
 int64_t WorkerClocks::min_clock() const { return *std::min_element(clock_.begin(), clock_.end()); }
 int64_t WorkerClocks::max_clock() const { return *std::max_element(clock_.begin(), clock_.end()); }
 

@@ -31,6 +31,9 @@ class WorkerClocks {
   int64_t last_push_ns(int p) const;           // -1 before the first push (or after reset_timing)
   int64_t last_interval_ns(int p) const;       // I_p; -1 until two pushes since the last reset
   std::vector<int64_t> intervals(int p) const; // oldest first, at most `history`
+  const std::vector<int64_t>& last_push_times() const { return last_; }  // last_p per worker (-1: none)
+  std::vector<int64_t> last_intervals() const;  // I_p per worker (-1: not measured), the input ZipLine/DSSP read
+  int history() const { return history_; }
   int64_t min_clock() const;
   int64_t max_clock() const;
   int64_t gap() const { return max_clock() - min_clock(); }

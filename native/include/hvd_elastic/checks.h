@@ -1,0 +1,55 @@
+// Argument checks shared by the decision rules. Every violation throws std::invalid_argument (Python: ValueError)
+// with a message naming the function, the argument and the offending value, so bad input never crashes a rank.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace hvd_elastic {
+namespace checks {
+
+[[noreturn]] inline void fail(const std::string& where, const std::string& what) {
+  throw std::invalid_argument(where + ": " + what);
+}
+
+inline void require(bool ok, const std::string& where, const std::string& what) {
+  if (!ok) fail(where, what);
+}
+
+inline std::string num(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  std::string s = std::to_string(x);
+  return s;
+}
+
+inline void nonempty_size(size_t n, const std::string& where, const std::string& name) {
+  require(n > 0, where, name + " must not be empty");
+  require(n <= static_cast<size_t>(INT32_MAX), where, name + " is too long (" + std::to_string(n) + ")");
+}
+
+inline void worker_index(int p, size_t n, const std::string& where, const std::string& name = "worker") {
+  require(p >= 0 && static_cast<size_t>(p) < n, where,
+          name + " " + std::to_string(p) + " out of range [0, " + std::to_string(n) + ")");
+}
+
+inline void finite(double x, const std::string& where, const std::string& name) {
+  require(std::isfinite(x), where, name + " must be finite, got " + num(x));
+}
+
+inline void nonnegative_all(const std::vector<int64_t>& v, const std::string& where, const std::string& name) {
+  for (size_t i = 0; i < v.size(); ++i)
+    require(v[i] >= 0, where, name + "[" + std::to_string(i) + "] must be >= 0, got " + std::to_string(v[i]));
+}
+
+inline void same_length(size_t a, size_t b, const std::string& where, const std::string& na, const std::string& nb) {
+  require(a == b, where,
+          "mismatched lengths: " + na + " has " + std::to_string(a) + " entries, " + nb + " has " +
+              std::to_string(b));
+}
+
+}  // namespace checks
+}  // namespace hvd_elastic

@@ -1,0 +1,160 @@
+// Iteration-interval predictors: last interval (the papers' I_p), EWMA, and a windowed least-squares ARX model.
+#include "hvd_elastic/predictors.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "hvd_elastic/checks.h"
+
+namespace hvd_elastic {
+
+using checks::require;
+
+namespace {
+
+void check_history(const std::vector<int64_t>& h, const char* where) {
+  checks::nonempty_size(h.size(), where, "history");
+  checks::nonnegative_all(h, where, "history");
+}
+
+// Solves A x = b (P x P, row-major) by Gaussian elimination with partial pivoting; false if (near) singular.
+bool solve(std::vector<double>& A, std::vector<double>& b, int P) {
+  double scale = 0.0;
+  for (double a : A) scale = std::max(scale, std::fabs(a));
+  if (!(scale > 0.0)) return false;
+  for (int c = 0; c < P; ++c) {
+    int piv = c;
+    for (int r = c + 1; r < P; ++r)
+      if (std::fabs(A[r * P + c]) > std::fabs(A[piv * P + c])) piv = r;
+    if (std::fabs(A[piv * P + c]) <= 1e-12 * scale) return false;
+    if (piv != c) {
+      for (int j = 0; j < P; ++j) std::swap(A[c * P + j], A[piv * P + j]);
+      std::swap(b[c], b[piv]);
+    }
+    for (int r = c + 1; r < P; ++r) {
+      const double f = A[r * P + c] / A[c * P + c];
+      if (f == 0.0) continue;
+      for (int j = c; j < P; ++j) A[r * P + j] -= f * A[c * P + j];
+      b[r] -= f * b[c];
+    }
+  }
+  for (int c = P - 1; c >= 0; --c) {
+    double s = b[c];
+    for (int j = c + 1; j < P; ++j) s -= A[c * P + j] * b[j];
+    b[c] = s / A[c * P + c];
+  }
+  for (double x : b)
+    if (!std::isfinite(x)) return false;
+  return true;
+}
+
+int64_t to_ns(double x) {
+  if (!(x > 0.0)) return 0;
+  if (x >= 9.2e18) return INT64_MAX;
+  return static_cast<int64_t>(std::llround(x));
+}
+
+}  // namespace
+
+int64_t predict_last_interval(const std::vector<int64_t>& history) {
+  check_history(history, "predict_last_interval");
+  return history.back();  // I_p (algorithms.md, ElasticBSP / DSSP)
+}
+
+int64_t predict_ewma_interval(const std::vector<int64_t>& history, double alpha) {
+  const char* where = "predict_ewma_interval";
+  require(std::isfinite(alpha) && alpha > 0.0 && alpha <= 1.0, where,
+          "alpha must be in (0, 1], got " + checks::num(alpha));
+  check_history(history, where);
+  double m = static_cast<double>(history[0]);
+  for (size_t i = 1; i < history.size(); ++i) m = alpha * static_cast<double>(history[i]) + (1.0 - alpha) * m;
+  return to_ns(m);
+}
+
+std::vector<int64_t> predict_arx_intervals(const std::vector<int64_t>& history, int horizon, const ArxOptions& opt,
+                                           const std::vector<double>& exo) {
+  const char* where = "predict_arx_intervals";
+  check_history(history, where);
+  require(horizon >= 1, where, "horizon must be >= 1, got " + std::to_string(horizon));
+  require(opt.order >= 1 && opt.order <= 16, where, "order must be in [1, 16], got " + std::to_string(opt.order));
+  require(opt.window >= 2, where, "window must be >= 2, got " + std::to_string(opt.window));
+  require(std::isfinite(opt.ridge) && opt.ridge >= 0.0, where,
+          "ridge must be finite and >= 0, got " + checks::num(opt.ridge));
+  const int T = static_cast<int>(history.size());
+  const bool has_exo = !exo.empty();
+  if (has_exo) {
+    require(opt.exo_order >= 1 && opt.exo_order <= 16, where,
+            "exo_order must be in [1, 16], got " + std::to_string(opt.exo_order));
+    require(exo.size() >= history.size() + 1, where,
+            "mismatched lengths: exo needs len(history) + 1 = " + std::to_string(T + 1) +
+                " readings (one per past iteration plus the next one), got " + std::to_string(exo.size()));
+    for (size_t i = 0; i < exo.size(); ++i)
+      require(std::isfinite(exo[i]), where, "exo[" + std::to_string(i) + "] must be finite, got " + checks::num(exo[i]));
+  }
+  const int k = opt.order, m = has_exo ? opt.exo_order : 0;
+  const int P = 1 + k + m;  // c, a_1..a_k, b_0..b_{m-1}
+  const int start = std::max({k, m - 1, T - opt.window});
+  const int N = T - start;  // regression rows: targets x_start .. x_{T-1}
+  const std::vector<int64_t> fallback(horizon, history.back());
+  if (N < P + 2) return fallback;
+
+  // Normalise x by its mean over the rows and their lags, and u to zero mean / unit variance, for conditioning.
+  const int lo = start - k;
+  double scale = 0.0, xmin = INFINITY, xmax = 0.0;
+  for (int t = lo; t < T; ++t) {
+    const double v = static_cast<double>(history[t]);
+    scale += v;
+    xmin = std::min(xmin, v);
+    xmax = std::max(xmax, v);
+  }
+  scale /= (T - lo);
+  if (!(scale > 0.0)) return std::vector<int64_t>(horizon, 0);
+  std::vector<double> y(T + horizon);
+  for (int t = 0; t < T; ++t) y[t] = static_cast<double>(history[t]) / scale;
+  const double ymin = 0.5 * xmin / scale, ymax = 2.0 * xmax / scale;
+  std::vector<double> u;
+  if (has_exo) {
+    double mu = 0.0, var = 0.0;
+    const int ulo = start - m + 1;
+    for (int t = ulo; t < T; ++t) mu += exo[t];
+    mu /= (T - ulo);
+    for (int t = ulo; t < T; ++t) var += (exo[t] - mu) * (exo[t] - mu);
+    const double sd = var > 0.0 ? std::sqrt(var / (T - ulo)) : 1.0;
+    u.resize(exo.size());
+    for (size_t t = 0; t < exo.size(); ++t) u[t] = (exo[t] - mu) / sd;
+  }
+  auto u_at = [&](int t) { return u[std::min<size_t>(static_cast<size_t>(t), u.size() - 1)]; };
+  auto regressors = [&](int t, double* row) {
+    row[0] = 1.0;
+    for (int i = 1; i <= k; ++i) row[i] = y[t - i];
+    for (int j = 0; j < m; ++j) row[1 + k + j] = u_at(t - j);
+  };
+
+  // Least squares with a ridge on the lag coefficients: (X'X + ridge*N*D) theta = X'y, D = diag(0, 1, ..., 1).
+  std::vector<double> A(P * P, 0.0), b(P, 0.0), row(P);
+  for (int t = start; t < T; ++t) {
+    regressors(t, row.data());
+    for (int i = 0; i < P; ++i) {
+      b[i] += row[i] * y[t];
+      for (int j = 0; j < P; ++j) A[i * P + j] += row[i] * row[j];
+    }
+  }
+  for (int i = 1; i < P; ++i) A[i * P + i] += opt.ridge * N;
+  if (!solve(A, b, P)) return fallback;
+
+  // Iterate x_t = c + sum a_i x_{t-i} + sum b_j u_{t-j} forward, clamped to the window's range.
+  std::vector<int64_t> out(horizon);
+  for (int h = 0; h < horizon; ++h) {
+    const int t = T + h;
+    regressors(t, row.data());
+    double pred = 0.0;
+    for (int i = 0; i < P; ++i) pred += b[i] * row[i];
+    if (!std::isfinite(pred)) pred = y[t - 1];
+    y[t] = std::min(std::max(pred, ymin), ymax);
+    out[h] = to_ns(y[t] * scale);
+  }
+  return out;
+}
+
+}  // namespace hvd_elastic

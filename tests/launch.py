@@ -5,6 +5,7 @@ ranks run the same interpreter as the tests.
 """
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +27,10 @@ class Result:
     def lines_with(self, text):
         return [l for l in self.output.splitlines() if text in l]
 
+    def rank_lines(self):
+        """Lines printed by the ranks (the launchers prefix them: '[1]<stderr>:' or '[1,0]<stderr>:')."""
+        return [l for l in self.output.splitlines() if re.match(r"^\[\d+(,\d+)?\]<std(out|err)>:", l)]
+
 
 def command(launcher, np, script, args=()):
     script = script if os.path.isabs(script) else os.path.join(ROOT, script)
@@ -33,7 +38,7 @@ def command(launcher, np, script, args=()):
         return [os.path.join(BIN, "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo",
                 sys.executable, script, *map(str, args)]
     if launcher == "mpirun":
-        return ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np),
+        return ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--tag-output", "-np", str(np),
                 sys.executable, script, *map(str, args)]
     raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
 

@@ -14,7 +14,8 @@ def _assert_every_rank_failed_with(res, np_, *needles):
     for needle in needles:
         errors = [l for l in errors if needle in l]
     assert len(errors) >= np_, f"expected the error on each of {np_} ranks, got:\n" + res.output[-3000:]
-    assert "Traceback" not in res.output, res.output[-3000:]
+    # No traceback wall from the ranks (the launcher itself may print its own when it stops the job).
+    assert not [l for l in res.rank_lines() if "Traceback" in l], res.output[-3000:]
 
 
 CASES = {
@@ -33,10 +34,12 @@ CASES = {
 }
 
 
+# Both launchers are exercised; horovodrun costs ~5 s more per launch, so it takes every other case.
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_setting_stops_every_rank_with_one_line(case):
     env, needles = CASES[case]
-    res = launch("horovodrun", 2, "tests/workers/config_check.py", env=env, timeout=120)
+    launcher = LAUNCHERS[sorted(CASES).index(case) % 2]
+    res = launch(launcher, 2, "tests/workers/config_check.py", env=env, timeout=120)
     _assert_every_rank_failed_with(res, 2, *needles)
 
 
@@ -48,14 +51,9 @@ def test_ranks_that_disagree_on_the_policy_are_named(launcher):
                                    "ranks 1: 'ssp'")
 
 
-def test_unknown_policy_under_mpirun_stops_every_rank():
-    res = launch("mpirun", 2, "tests/workers/config_check.py", env={"HVD_ELASTIC_POLICY": "fastest"}, timeout=120)
-    _assert_every_rank_failed_with(res, 2, "HVD_ELASTIC_POLICY='fastest' is not valid")
-
-
 def test_good_settings_and_keyword_override_run():
-    res = launch("horovodrun", 2, "tests/workers/config_check.py",
+    res = launch("mpirun", 2, "tests/workers/config_check.py",
                  env={"HVD_ELASTIC_POLICY": "fastest", "TEST_KWARG_POLICY": "bsp"}, timeout=120)
     assert res.returncode == 0, res.output[-3000:]
     assert len(res.lines_with("config ok on rank")) == 2
-    assert len(res.lines_with("policy=bsp")) == 2
+    assert len(res.lines_with("config ok on rank 0: policy=bsp")) == 1

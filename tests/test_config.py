@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from hvd_elastic.config import KNOBS, POLICIES, Config, check_ranks_agree, parse_settings, raw_settings,
-                               unused_settings
+from hvd_elastic.config import (KNOBS, POLICIES, Config, check_ranks_agree, parse_settings, raw_settings,
+                                unused_settings)
 from hvd_elastic.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,7 +1,10 @@
 """PyTorch frontend: builds the optimizer for the configured policy and instruments it.
 
-bsp: the optimizer *is* Horovod's ``horovod.torch.DistributedOptimizer`` (same arguments, same arithmetic); the
-plugin only times it (compute vs time blocked in the gradient allreduce) and injects emulated straggler delay.
+- bsp: the optimizer *is* Horovod's ``horovod.torch.DistributedOptimizer`` (same arguments, same arithmetic); the
+  plugin only times it (compute vs time blocked in the gradient allreduce) and injects emulated straggler delay.
+- relaxed policies (asp, ssp, dssp, zipline, wbsp): the user's optimizer becomes a subclass of its own class whose
+  ``step()`` hands the local gradient (or, for wbsp, the model delta after a local step) to the sync engine
+  (hvd_elastic.engine), and applies the ticks the engine delivers. Horovod's ops move the bytes.
 """
 from __future__ import annotations
 
@@ -11,18 +14,22 @@ import types
 from typing import Any, Dict
 
 import horovod.torch as hvd
+import numpy as np
+import torch
 
 from .. import config as _config
 from ..emulation import Straggler
+from ..engine.engine import SyncEngine
+from ..engine.policies import POLICIES as RELAXED_POLICIES, make_policy
 from ..errors import ConfigError, install_excepthook
 from ..telemetry import Telemetry, finish_report
 
-# Policies this frontend can run; the others are recognised by the configuration but not built yet.
-IMPLEMENTED_POLICIES = ("bsp",)
+# Policies this frontend can run; the configuration recognises every policy of the design.
+IMPLEMENTED_POLICIES = ("bsp",) + tuple(RELAXED_POLICIES)
 
 
 class _Session:
-    """Per-optimizer state of the plugin: configuration, telemetry, emulation, end-of-run report."""
+    """Per-optimizer state of the plugin: configuration, telemetry, emulation, engine, end-of-run report."""
 
     def __init__(self, cfg: _config.Config):
         self.cfg = cfg
@@ -30,11 +37,21 @@ class _Session:
         self.telemetry = Telemetry(self.rank, self.size, cfg.policy)
         self.straggler = Straggler.from_config(cfg, self.rank, self.size)
         self.last_step_end = time.perf_counter()
+        self.engine = None
         self.report = None
 
+    def begin_step(self) -> float:
+        """Measure this step's compute (since the last step ended) and inject emulated delay; returns compute."""
+        compute = time.perf_counter() - self.last_step_end
+        slept = self.straggler.pause(compute)
+        self.telemetry.emulated_s += slept
+        return compute + slept
+
     def finish(self) -> Dict[str, Any]:
-        """Collective: end-of-run report (idempotent)."""
+        """Collective: flush every update, final sync, end-of-run report (idempotent)."""
         if self.report is None:
+            if self.engine is not None:
+                self.engine.finish()
             self.report = finish_report(self.telemetry, hvd.allgather_object, self.cfg.describe(),
                                         print_on_rank0=self.cfg.report, json_path=self.cfg.report_json)
         return self.report
@@ -45,16 +62,17 @@ def _load_config(policy_kwargs: Dict[str, Any]) -> _config.Config:
     raw = _config.raw_settings(None, policy_kwargs)
     _config.check_ranks_agree(raw, hvd.allgather_object)
     cfg = _config.parse_settings(raw)
-    unused = _config.unused_settings(raw, cfg)
-    if unused and hvd.rank() == 0:
-        print(f"hvd_elastic: warning: policy {cfg.policy} does not use {', '.join(unused)}", flush=True)
     if cfg.policy not in IMPLEMENTED_POLICIES:
         src = "keyword argument policy" if raw.get("policy", ["env"])[0] == "kwarg" else "HVD_ELASTIC_POLICY"
         raise ConfigError(f"{src}={cfg.policy!r} is recognised but not implemented yet for PyTorch in this "
                           f"version; available: {'|'.join(IMPLEMENTED_POLICIES)}")
+    unused = _config.unused_settings(raw, cfg)
+    if unused and hvd.rank() == 0:
+        print(f"hvd_elastic: warning: policy {cfg.policy} does not use {', '.join(unused)}", flush=True)
     return cfg
 
 
+# ---- bsp ---------------------------------------------------------------------------------------------------------
 def _instrument_bsp(opt, session: _Session):
     """Wrap Horovod's optimizer instance: time compute, inject emulated delay, time the blocking synchronize."""
     hvd_step, hvd_synchronize = opt.step, opt.synchronize
@@ -66,17 +84,14 @@ def _instrument_bsp(opt, session: _Session):
         state["blocked"] += time.perf_counter() - t0
 
     def step(self, closure=None):
-        t_call = time.perf_counter()
-        compute = t_call - session.last_step_end
-        slept = session.straggler.pause(compute)
-        session.telemetry.emulated_s += slept
+        compute = session.begin_step()
         state["blocked"] = 0.0
         t_before = time.perf_counter()
         out = hvd_step(closure)
         t_end = time.perf_counter()
         blocked = state["blocked"]
         # Applying the update is computation; the blocking wait inside synchronize() is not.
-        session.telemetry.add_step(compute + slept + (t_end - t_before - blocked), blocked)
+        session.telemetry.add_step(compute + (t_end - t_before - blocked), blocked)
         session.last_step_end = t_end
         return out
 
@@ -85,15 +100,134 @@ def _instrument_bsp(opt, session: _Session):
     return opt
 
 
+# ---- relaxed policies --------------------------------------------------------------------------------------------
+class _FlatParams:
+    """Fixed layout of the trainable parameters in one flat float buffer (same order on every rank)."""
+
+    def __init__(self, params):
+        self.params = [p for p in params if p.requires_grad]
+        dtypes = {p.dtype for p in self.params}
+        if len(dtypes) > 1:
+            raise ConfigError(f"relaxed policies need one parameter dtype, got {sorted(map(str, dtypes))}")
+        self.dtype = {torch.float64: np.float64}.get(next(iter(dtypes), torch.float32), np.float32)
+        self.slices = []
+        off = 0
+        for p in self.params:
+            self.slices.append((p, off, p.numel()))
+            off += p.numel()
+        self.numel = off
+
+    def gradients(self) -> np.ndarray:
+        out = np.zeros(self.numel, self.dtype)
+        for p, off, n in self.slices:
+            if p.grad is not None:
+                out[off:off + n] = p.grad.detach().reshape(-1).to("cpu", copy=False).numpy()
+        return out
+
+    def set_gradients(self, g: np.ndarray):
+        for p, off, n in self.slices:
+            p.grad = torch.from_numpy(g[off:off + n]).view_as(p).to(p.device, p.dtype)
+
+    def weights(self) -> np.ndarray:
+        out = np.empty(self.numel, self.dtype)
+        with torch.no_grad():
+            for p, off, n in self.slices:
+                out[off:off + n] = p.detach().reshape(-1).to("cpu", copy=False).numpy()
+        return out
+
+    def set_weights(self, w: np.ndarray):
+        with torch.no_grad():
+            for p, off, n in self.slices:
+                p.copy_(torch.from_numpy(w[off:off + n]).view_as(p))
+
+
+def _allreduce_sum(arrays, name):
+    handles = [hvd.allreduce_async_(torch.from_numpy(a), op=hvd.Sum, name=f"{name}.{i}")
+               for i, a in enumerate(arrays)]
+    for h in handles:
+        hvd.synchronize(h)
+
+
+def _relaxed_step(self, closure=None):
+    """step() of a relaxed-policy optimizer: push this step's update to the engine, apply delivered ticks, and
+    wait while the policy's gate is closed."""
+    session = self._hvd_elastic
+    loss = None
+    if closure is not None:
+        with torch.enable_grad():
+            loss = closure()
+    compute = session.begin_step()
+    flat = self._hvd_elastic_flat
+    if session.engine.policy.kind == "delta":
+        t0 = time.perf_counter()
+        self._hvd_elastic_inner_step()        # a local step on this rank's own copy
+        compute += time.perf_counter() - t0
+        session.engine.step(None, compute)
+    else:
+        session.engine.step(flat.gradients(), compute)
+    session.telemetry.add_step(compute)
+    session.last_step_end = time.perf_counter()
+    return loss
+
+
+def _no_synchronize(self):
+    """Relaxed policies exchange updates in the background; there is nothing to synchronize per step."""
+
+
+@contextlib.contextmanager
+def _skip_synchronize(self):
+    yield
+
+
+def _build_relaxed(optimizer, session: _Session, compression, op, gradient_predivide_factor, sparse_as_dense,
+                   process_set):
+    unsupported = []
+    if compression is not hvd.Compression.none:
+        unsupported.append("compression")
+    if op != hvd.Average:
+        unsupported.append("op (only Average)")
+    if gradient_predivide_factor != 1.0:
+        unsupported.append("gradient_predivide_factor")
+    if sparse_as_dense:
+        unsupported.append("sparse_as_dense")
+    if process_set is not hvd.global_process_set:
+        unsupported.append("process_set (only the global set)")
+    if unsupported:
+        raise ConfigError(f"policy {session.cfg.policy} does not support these DistributedOptimizer arguments: "
+                          f"{', '.join(unsupported)}; use policy bsp or the defaults")
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    flat = _FlatParams(params)
+    base = optimizer.__class__
+    cls = type(base.__name__, (base,), {"step": _relaxed_step, "synchronize": _no_synchronize,
+                                        "skip_synchronize": _skip_synchronize})
+    optimizer.__class__ = cls   # same object, same state; only step() changes
+    optimizer._hvd_elastic_flat = flat
+    optimizer._hvd_elastic_inner_step = types.MethodType(base.step, optimizer)
+
+    def apply_gradient(g):
+        flat.set_gradients(g)
+        optimizer._hvd_elastic_inner_step()
+
+    epoch_ns = hvd.broadcast_object(time.time_ns(), root_rank=0, name="hvd_elastic.epoch")
+    policy = make_policy(session.cfg)
+    # Weights must be identical before the engine snapshots them (delta policies keep the global model).
+    hvd.broadcast_parameters({f"p{i}": p for i, p in enumerate(flat.params)}, root_rank=0)
+    session.engine = SyncEngine(policy, session.rank, session.size, flat.numel, flat.dtype, _allreduce_sum,
+                                session.telemetry, tick_s=session.cfg.tick_ms / 1000.0, epoch_ns=epoch_ns,
+                                apply_gradient=apply_gradient, read_params=flat.weights, write_params=flat.set_weights)
+    return optimizer
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compression.none,
                          backward_passes_per_step=1, op=hvd.Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False, process_set=hvd.global_process_set,
                          **policy_kwargs):
     """A drop-in for ``horovod.torch.DistributedOptimizer`` that runs under the configured policy.
 
-    Takes Horovod's arguments unchanged; any hvd-elastic knob may be passed as a keyword (``policy="bsp"``,
+    Takes Horovod's arguments unchanged; any hvd-elastic knob may be passed as a keyword (``policy="ssp"``,
     ``staleness=3``, ...) and wins over its ``HVD_ELASTIC_*`` variable. Collective: call it on every rank.
-    Raises ConfigError (one line, on every rank) for bad settings or ranks that disagree.
+    Raises ConfigError (one line, on every rank) for bad settings or ranks that disagree. Under a relaxed policy
+    the parameters are broadcast from rank 0 here, and ``finish(opt)`` must end training.
 
     Example::
 
@@ -102,20 +236,23 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     """
     cfg = _load_config(policy_kwargs)
     session = _Session(cfg)
-    opt = hvd.DistributedOptimizer(optimizer, named_parameters=named_parameters, compression=compression,
-                                   backward_passes_per_step=backward_passes_per_step, op=op,
-                                   gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
-                                   groups=groups, sparse_as_dense=sparse_as_dense, process_set=process_set)
-    opt = _instrument_bsp(opt, session)
+    if cfg.policy == "bsp":
+        opt = hvd.DistributedOptimizer(optimizer, named_parameters=named_parameters, compression=compression,
+                                       backward_passes_per_step=backward_passes_per_step, op=op,
+                                       gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
+                                       groups=groups, sparse_as_dense=sparse_as_dense, process_set=process_set)
+        opt = _instrument_bsp(opt, session)
+    else:
+        opt = _build_relaxed(optimizer, session, compression, op, gradient_predivide_factor, sparse_as_dense,
+                             process_set)
     opt._hvd_elastic = session
     opt.finish = session.finish
     return opt
 
 
 def finish(optimizer) -> Dict[str, Any]:
-    """Collective end of training: flush pending updates, leave all ranks with identical weights, and report.
-
-    Returns the report (a dict) on every rank; rank 0 prints it unless HVD_ELASTIC_REPORT=0."""
+    """Collective end of training: deliver and apply every pushed update, leave all ranks with identical weights,
+    and report. Returns the report (a dict) on every rank; rank 0 prints it unless HVD_ELASTIC_REPORT=0."""
     session = getattr(optimizer, "_hvd_elastic", None)
     if session is None:
         raise TypeError("finish() takes an optimizer made by hvd_elastic.torch.DistributedOptimizer")

@@ -1,0 +1,139 @@
+"""The sync engine: turns a policy's decisions into pushes, pulls and waits around Horovod ticks.
+
+Framework-free: updates travel as flat numpy arrays. The frontend supplies ``allreduce_sum(arrays, name)`` (an
+in-place Sum allreduce of numpy arrays over all ranks, with Horovod's ops) and, by the policy's update kind:
+- "gradient" policies (asp, ssp, dssp, zipline): ``apply_gradient(g)`` runs one optimizer step on the replica
+  with gradient g = (sum of the tick's gradients) / n. Every rank applies the same ticks in the same order, so
+  the replicas (weights and optimizer state) stay identical: the parameter server's role, played by every rank.
+- "delta" policies (wbsp): each rank trains its own copy and pushes model deltas; the engine keeps the global model
+  W (W += sum of deltas / n per tick) and ``read_params()`` / ``write_params(w)`` move weights in and out.
+
+Per training step the frontend calls :meth:`SyncEngine.step`. The engine pushes the update, applies every
+completed tick in tick order (pull) and blocks while the policy's gate is closed, applying ticks as they arrive.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, List, Optional
+
+import numpy as np
+
+from ..errors import HvdElasticError
+from ..telemetry import Telemetry
+from .ticker import Tick, Ticker
+from .view import GlobalView
+
+
+class SyncEngine:
+    """One rank's side of a relaxed-synchronization run."""
+
+    def __init__(self, policy, rank: int, size: int, numel: int, dtype,
+                 allreduce_sum: Callable[[List[np.ndarray], str], None], telemetry: Telemetry,
+                 tick_s: float, epoch_ns: int,
+                 apply_gradient: Optional[Callable[[np.ndarray], None]] = None,
+                 read_params: Optional[Callable[[], np.ndarray]] = None,
+                 write_params: Optional[Callable[[np.ndarray], None]] = None,
+                 stall_timeout_s: float = 120.0):
+        self.policy, self.rank, self.size = policy, rank, size
+        self.telemetry = telemetry
+        self.apply_gradient, self.read_params, self.write_params = apply_gradient, read_params, write_params
+        self.view = GlobalView(size)
+        self.stall_timeout_s = stall_timeout_s
+        self.pushed = 0                  # updates this rank pushed
+        self.applied_contributions = 0   # sum of push counts over the ticks this rank applied (all ranks' pushes)
+        self.finished = False
+        self._busy_s = 0.0               # time spent applying updates (counted as compute, not wait)
+        if policy.kind == "delta":
+            self.global_model = read_params().astype(dtype, copy=True)   # W, identical on every rank at start
+            self.last_upload = self.global_model.copy()
+            self.published = self.global_model.copy()                     # W as of the last downloadable tick
+        self.ticker = Ticker(numel, dtype, rank, size, allreduce_sum, tick_s=tick_s, epoch_ns=epoch_ns)
+        policy.attach(self)
+
+    # ---- per step ----------------------------------------------------------------------------------------------
+    def step(self, update: Optional[np.ndarray], compute_s: float):
+        """Push this step's update, pull completed ticks, and wait while the policy's gate is closed.
+
+        For delta policies pass update=None: the engine computes the delta from read_params()."""
+        t0 = time.perf_counter()
+        busy0 = self._busy_s
+        if self.policy.kind == "delta":
+            w = self.read_params()
+            update = w - self.last_upload
+            self.last_upload = w
+        self.ticker.push(update, int(compute_s * 1e9))
+        self.pushed += 1
+        self.telemetry.count("pushes")
+        self.policy.on_push(self.ticker.clock)
+        self._pull(block=False)
+        t1 = time.perf_counter()
+        busy1 = self._busy_s
+        self._wait_until(lambda: self.policy.may_proceed(self.ticker.clock), "gate")
+        self.policy.on_proceed(self.ticker.clock)
+        t2 = time.perf_counter()
+        self.telemetry.comm_s += (t1 - t0) - (busy1 - busy0)
+        self.telemetry.wait_s += (t2 - t1) - (self._busy_s - busy1)
+        self.telemetry.compute_s += self._busy_s - busy0
+
+    def download(self):
+        """Delta policies: replace this rank's weights by the last published global model."""
+        t0 = time.perf_counter()
+        self.write_params(self.published)
+        self.last_upload = self.published.copy()
+        self.telemetry.count("downloads")
+        self._busy_s += time.perf_counter() - t0
+
+    def _pull(self, block: bool, timeout: Optional[float] = None) -> int:
+        ticks = self.ticker.take(block=block, timeout=timeout)
+        for tick in ticks:
+            self.view.update(tick.meta)
+            if tick.update is not None:
+                t0 = time.perf_counter()
+                if self.policy.kind == "gradient":
+                    self.apply_gradient(tick.update / self.size)
+                else:
+                    self.global_model += tick.update / self.size
+                self._busy_s += time.perf_counter() - t0
+                self.applied_contributions += tick.total_count
+                self.telemetry.count("ticks_applied")
+            self.policy.on_tick(tick, self.view)
+        return len(ticks)
+
+    def publish(self):
+        """Delta policies: the current global model becomes the one downloads see (policy decides when)."""
+        self.published = self.global_model.copy()
+        self.telemetry.count("publishes")
+
+    def _wait_until(self, condition: Callable[[], bool], what: str):
+        last_progress = time.monotonic()
+        while not condition():
+            if self._pull(block=True, timeout=1.0):
+                last_progress = time.monotonic()
+            elif self.ticker.stopped:
+                raise HvdElasticError(f"ticks stopped while waiting at the {what}")
+            elif time.monotonic() - last_progress > self.stall_timeout_s:
+                unfinished = [q for q in range(self.size) if not self.view.finished[q]]
+                raise HvdElasticError(f"no tick completed for {self.stall_timeout_s:.0f} s while waiting at the "
+                                      f"{what}: a rank stopped taking part (unfinished ranks: {unfinished})")
+
+    # ---- end of training ---------------------------------------------------------------------------------------
+    def finish(self):
+        """Collective: deliver and apply every pushed update on every rank, stop the tick thread, and leave every
+        rank with the same weights (for delta policies: the final global model)."""
+        if self.finished:
+            return
+        t0 = time.perf_counter()
+        self.ticker.finish()
+        self._wait_until(lambda: self.ticker.stopped, "final barrier")
+        self._pull(block=False)
+        self.ticker.join(timeout=self.stall_timeout_s)
+        if self.policy.kind == "delta":
+            self.publish()
+            self.download()
+        self.finished = True
+        self.telemetry.wait_s += time.perf_counter() - t0
+        self.telemetry.counters.update({
+            "ticks": self.ticker.ticks, "nonempty_ticks": self.ticker.nonempty_ticks,
+            "tick_comm_s": round(self.ticker.comm_s, 3), "pushed": self.pushed,
+            "applied_contributions": self.applied_contributions})
+        self.policy.finish()

@@ -1,0 +1,178 @@
+"""The data plane: ticks of partial allreduce, driven by a background thread (architecture.md, "The data plane").
+
+A tick is one Sum-allreduce over all ranks of (a) the updates each rank pushed since its previous tick (zeros when
+it has none) and (b) a metadata table in which each rank fills only its own row, so the Sum is an allgather of
+every rank's clock, last push time and iteration time. Every rank receives the same ticks in the same order, which
+is what lets every rank apply the same updates and take the same scheduling decisions.
+
+Pacing: the thread issues a tick at most every `tick_s` seconds, and backs off (doubling, up to `max_idle_s`) while
+ticks come back empty. A tick carries one model-sized buffer however many pushes it sums, so communication is
+bounded by model size / tick interval, whatever the ranks' speeds. A tick completes when every rank's thread has
+joined it: ticks wait for the slowest *thread*, never for a rank's computation.
+
+Shutdown: a rank that has finished raises FINISHED in its row; the thread stops after the first tick in which every
+rank is finished and nobody pushed anything, which every rank sees at the same tick (so no collective is left
+dangling and every pushed update has been delivered).
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Callable, Deque, List, Optional
+
+import numpy as np
+
+# Metadata columns, one row per rank (int64).
+COUNT, CLOCK, LAST_PUSH_NS, INTERVAL_NS, FINISHED, SEQ = range(6)
+META_COLUMNS = 6
+
+
+class Tick:
+    """One completed tick: `index`, the summed `update` (None when nobody pushed) and the metadata table."""
+
+    __slots__ = ("index", "update", "meta", "comm_s")
+
+    def __init__(self, index: int, update: Optional[np.ndarray], meta: np.ndarray, comm_s: float):
+        self.index, self.update, self.meta, self.comm_s = index, update, meta, comm_s
+
+    @property
+    def total_count(self) -> int:
+        return int(self.meta[:, COUNT].sum())
+
+
+class TickerError(RuntimeError):
+    pass
+
+
+class Ticker:
+    """Background tick thread of one rank. The training thread calls push()/finish()/take(); nothing else."""
+
+    def __init__(self, numel: int, dtype, rank: int, size: int,
+                 allreduce_sum: Callable[[List[np.ndarray], str], None],
+                 tick_s: float = 0.005, max_idle_s: float = 0.01, epoch_ns: int = 0):
+        self.numel, self.dtype, self.rank, self.size = numel, np.dtype(dtype), rank, size
+        self._allreduce_sum = allreduce_sum
+        self.tick_s, self.max_idle_s, self.epoch_ns = tick_s, max(max_idle_s, tick_s), epoch_ns
+        self._lock = threading.Condition()
+        self._pending = np.zeros(numel, self.dtype)
+        self._pending_count = 0
+        self._clock = 0
+        self._last_push_ns = -1
+        self._interval_ns = -1
+        self._finished = False
+        self._completed: Deque[Tick] = collections.deque()
+        self._delivered_clock = 0      # own pushes that are inside a completed tick
+        self._error: Optional[BaseException] = None
+        self._stopped = False
+        self.ticks = 0
+        self.nonempty_ticks = 0
+        self.bytes_reduced = 0
+        self.comm_s = 0.0
+        self._thread = threading.Thread(target=self._run, name=f"hvd_elastic-ticker-{rank}", daemon=True)
+        self._thread.start()
+
+    # ---- training thread -------------------------------------------------------------------------------------
+    def now_ns(self) -> int:
+        return time.time_ns() - self.epoch_ns
+
+    def push(self, update: np.ndarray, interval_ns: int) -> int:
+        """Add one update to this rank's next tick. Returns the rank's clock (pushes so far)."""
+        with self._lock:
+            self._check()
+            if self._finished:
+                raise TickerError("push after finish()")
+            np.add(self._pending, update, out=self._pending)
+            self._pending_count += 1
+            self._clock += 1
+            self._last_push_ns = self.now_ns()
+            self._interval_ns = int(interval_ns)
+            return self._clock
+
+    @property
+    def clock(self) -> int:
+        return self._clock
+
+    def all_delivered(self) -> bool:
+        """True when every update this rank pushed is inside a completed tick."""
+        return self._delivered_clock == self._clock
+
+    def finish(self):
+        with self._lock:
+            self._finished = True
+            self._lock.notify_all()
+
+    def take(self, block: bool = False, timeout: Optional[float] = None) -> List[Tick]:
+        """Completed ticks not yet taken, in order. With block=True, wait until at least one is available."""
+        with self._lock:
+            if block:
+                deadline = None if timeout is None else time.monotonic() + timeout
+                while not self._completed and not self._stopped and self._error is None:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    self._lock.wait(left)
+            self._check()
+            out = list(self._completed)
+            self._completed.clear()
+            return out
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def join(self, timeout: Optional[float] = None):
+        self._thread.join(timeout)
+        self._check()
+
+    def _check(self):
+        if self._error is not None:
+            raise TickerError(f"tick thread failed: {self._error}") from self._error
+
+    # ---- background thread -----------------------------------------------------------------------------------
+    def _run(self):
+        try:
+            idle_s = self.tick_s
+            index = 0
+            last = 0.0
+            while True:
+                wait = last + idle_s - time.monotonic()
+                if wait > 0:
+                    with self._lock:   # a finish() wakes us early so shutdown is prompt
+                        if not self._finished:
+                            self._lock.wait(wait)
+                last = time.monotonic()
+                with self._lock:
+                    send, self._pending = self._pending, np.zeros(self.numel, self.dtype)
+                    count, self._pending_count = self._pending_count, 0
+                    meta = np.zeros((self.size, META_COLUMNS), np.int64)
+                    meta[self.rank] = (count, self._clock, self._last_push_ns, self._interval_ns,
+                                       int(self._finished), index)
+                t0 = time.perf_counter()
+                self._allreduce_sum([send, meta], "hvd_elastic.tick")
+                dt = time.perf_counter() - t0
+                if not (meta[:, SEQ] == index).all():
+                    raise TickerError(f"ranks are out of step at tick {index}: {meta[:, SEQ].tolist()}")
+                total = int(meta[:, COUNT].sum())
+                tick = Tick(index, send if total else None, meta, dt)
+                with self._lock:
+                    self.ticks += 1
+                    self.comm_s += dt
+                    self.bytes_reduced += send.nbytes + meta.nbytes
+                    if total:
+                        self.nonempty_ticks += 1
+                    self._delivered_clock = int(meta[self.rank, CLOCK])
+                    self._completed.append(tick)
+                    done = bool(meta[:, FINISHED].all()) and total == 0
+                    if done:
+                        self._stopped = True
+                    self._lock.notify_all()
+                if done:
+                    return
+                idle_s = self.tick_s if total else min(idle_s * 2, self.max_idle_s)
+                index += 1
+        except BaseException as e:  # surfaced on the training thread at its next call
+            with self._lock:
+                self._error = e
+                self._stopped = True
+                self._lock.notify_all()

@@ -78,12 +78,14 @@ void def_barrier_variant(py::module_& m, const char* name, BarrierFn fn, const c
       py::arg("predicted"), doc);
 }
 
-ArxOptions arx_options(int order, int window, int exo_order, double ridge) {
+ArxOptions arx_options(int order, int window, int exo_order, double ridge, bool trend, double shift_threshold) {
   ArxOptions o;
   o.order = order;
   o.window = window;
   o.exo_order = exo_order;
   o.ridge = ridge;
+  o.trend = trend;
+  o.shift_threshold = shift_threshold;
   return o;
 }
 
@@ -181,26 +183,30 @@ PYBIND11_MODULE(_native, m) {
   m.def(
       "predict_arx_intervals",
       [](const std::vector<int64_t>& history, int horizon, int order, int window, std::optional<std::vector<double>> exo,
-         int exo_order, double ridge) {
-        return predict_arx_intervals(history, horizon, arx_options(order, window, exo_order, ridge),
+         int exo_order, double ridge, bool trend, double shift_threshold) {
+        return predict_arx_intervals(history, horizon,
+                                     arx_options(order, window, exo_order, ridge, trend, shift_threshold),
                                      exo ? *exo : std::vector<double>{});
       },
       py::arg("history"), py::arg("horizon") = 1, py::arg("order") = 2, py::arg("window") = 32,
-      py::arg("exo") = py::none(), py::arg("exo_order") = 1, py::arg("ridge") = 1e-3,
+      py::arg("exo") = py::none(), py::arg("exo_order") = 1, py::arg("ridge") = 1e-3, py::arg("trend") = true,
+      py::arg("shift_threshold") = 5.0,
       "Forecast the next `horizon` intervals with an ARX model fitted by least squares on the last `window`\n"
-      "intervals: x_t = c + sum_i a_i x_{t-i} + sum_j b_j u_{t-j}. exo (optional): one exogenous reading per past\n"
-      "iteration plus the next one (len(history) + 1 or more, e.g. co-tenant CPU load). Falls back to the last\n"
-      "interval with too little history. Raises ValueError on empty history, negative intervals, NaN exo,\n"
-      "mismatched exo length or out-of-range options.");
+      "intervals: x_t = c + d*t + sum_i a_i x_{t-i} + sum_j b_j u_{t-j} (trend term d optional). exo (optional):\n"
+      "one exogenous reading per past iteration plus the next one (len(history) + 1 or more, e.g. co-tenant CPU\n"
+      "load). A level shift (two-sample t statistic above shift_threshold; 0 disables) restarts the window.\n"
+      "Falls back to the last interval with too little history. Raises ValueError on empty history, negative\n"
+      "intervals, NaN exo, mismatched exo length or out-of-range options.");
   m.def(
       "predict_arx_interval",
       [](const std::vector<int64_t>& history, int order, int window, std::optional<std::vector<double>> exo,
-         int exo_order, double ridge) {
-        return predict_arx_intervals(history, 1, arx_options(order, window, exo_order, ridge),
+         int exo_order, double ridge, bool trend, double shift_threshold) {
+        return predict_arx_intervals(history, 1, arx_options(order, window, exo_order, ridge, trend, shift_threshold),
                                      exo ? *exo : std::vector<double>{})[0];
       },
       py::arg("history"), py::arg("order") = 2, py::arg("window") = 32, py::arg("exo") = py::none(),
-      py::arg("exo_order") = 1, py::arg("ridge") = 1e-3, "predict_arx_intervals(..., horizon=1)[0].");
+      py::arg("exo_order") = 1, py::arg("ridge") = 1e-3, py::arg("trend") = true, py::arg("shift_threshold") = 5.0,
+      "predict_arx_intervals(..., horizon=1)[0].");
 
   // ---- SSP ---------------------------------------------------------------------------------------------------------
   const char* ssp_doc =
@@ -304,8 +310,8 @@ PYBIND11_MODULE(_native, m) {
   // ---- WBSP --------------------------------------------------------------------------------------------------------
   m.def("wbsp_may_download", &wbsp_may_download, py::arg("uploaded_since_last_download"), py::arg("slowest"),
         "WBSP download gate: True iff the slowest worker (longest measured iteration time, e.g.\n"
-        "WorkerClocks.slowest_by_interval()) has uploaded since this worker's last download. slowest = -1 (not\n"
-        "measured yet): True only once every worker has uploaded.");
+        "WorkerClocks.slowest_by_interval()) has uploaded since this worker's last download. Pass slowest = -1\n"
+        "while some worker's iteration time is not measured yet: True only once every worker has uploaded.");
   py::class_<WbspState>(m, "WbspState",
                         "WBSP upload/download bookkeeping for n workers: which uploads each worker has not yet\n"
                         "downloaded, and the download gate.")

@@ -1,5 +1,6 @@
 // GridScan and FullGridScan (algorithms.md, "ElasticBSP and ZipLine": the papers' reference variants), kept
 // deliberately naive so their decision cost matches the complexity the papers report.
+#include <algorithm>
 #include <limits>
 
 #include "hvd_elastic/zipline.h"
@@ -47,7 +48,18 @@ Barrier gridscan_barrier(const PushTimeGrid& g) {
       best_hi = c;
     }
   }
-  return barrier_for_window(g, best_hi - best_spread, best_hi);
+  // A heuristic window need not be tight, so report the choice GridScan made: each worker's latest point <= max(Z)
+  // (its first occurrence, the fewest iterations), rather than barrier_for_window's rule for optimal windows.
+  Barrier b;
+  b.iterations.resize(g.n);
+  b.barrier_ns = best_hi;
+  b.earliest_ns = best_hi - best_spread;
+  b.spread_ns = best_spread;
+  for (int p = 0; p < g.n; ++p) {
+    const int64_t* row = g.data + static_cast<size_t>(p) * g.R;
+    b.iterations[p] = static_cast<int>(std::lower_bound(row, row + g.R, latest_not_after(g, p, best_hi)) - row) + 1;
+  }
+  return b;
 }
 
 Barrier fullgridscan_barrier(const PushTimeGrid& g) {

@@ -72,6 +72,46 @@ int64_t predict_ewma_interval(const std::vector<int64_t>& history, double alpha)
   return to_ns(m);
 }
 
+namespace {
+
+// Start of the newest regime in h[lo, T): the split with the largest two-sample t statistic (pooled variance, at
+// least 3 points before and 2 after), if that statistic exceeds `threshold` and two means explain the data clearly
+// better than a straight line (residual SS below 0.7x the line's), else lo. A sudden slowdown is a mean shift, and
+// fitting across it would drag the forecast back toward the old speed; a steady drift is not one.
+int level_shift_start(const std::vector<int64_t>& h, int lo, double scale, double threshold) {
+  const int T = static_cast<int>(h.size()), n = T - lo;
+  if (threshold <= 0.0 || n < 5) return lo;
+  std::vector<double> s1(n + 1, 0.0), s2(n + 1, 0.0);  // prefix sums of x and x^2 (x normalised by scale)
+  double sxt = 0.0;
+  for (int i = 0; i < n; ++i) {
+    const double x = static_cast<double>(h[lo + i]) / scale;
+    s1[i + 1] = s1[i] + x;
+    s2[i + 1] = s2[i] + x * x;
+    sxt += x * (i - 0.5 * (n - 1));
+  }
+  const double ss_total = std::max(0.0, s2[n] - s1[n] * s1[n] / n);
+  const double stt = static_cast<double>(n) * (static_cast<double>(n) * n - 1.0) / 12.0;  // sum (i - mean i)^2
+  const double ss_line = std::max(0.0, ss_total - sxt * sxt / stt);
+  double best_t = 0.0, best_ss = 0.0;
+  int best = lo;
+  for (int a = 3; a <= n - 2; ++a) {
+    const int b = n - a;
+    const double ma = s1[a] / a, mb = (s1[n] - s1[a]) / b;
+    const double ss = std::max(0.0, s2[a] - a * ma * ma) + std::max(0.0, (s2[n] - s2[a]) - b * mb * mb);
+    const double diff = std::fabs(mb - ma);
+    const double se = std::sqrt(ss / (n - 2)) * std::sqrt(1.0 / a + 1.0 / b);
+    const double t = se > 1e-12 ? diff / se : (diff > 1e-9 ? INFINITY : 0.0);
+    if (t > best_t) {
+      best_t = t;
+      best_ss = ss;
+      best = lo + a;
+    }
+  }
+  return best_t > threshold && best_ss < 0.7 * ss_line ? best : lo;
+}
+
+}  // namespace
+
 std::vector<int64_t> predict_arx_intervals(const std::vector<int64_t>& history, int horizon, const ArxOptions& opt,
                                            const std::vector<double>& exo) {
   const char* where = "predict_arx_intervals";
@@ -81,6 +121,8 @@ std::vector<int64_t> predict_arx_intervals(const std::vector<int64_t>& history, 
   require(opt.window >= 2, where, "window must be >= 2, got " + std::to_string(opt.window));
   require(std::isfinite(opt.ridge) && opt.ridge >= 0.0, where,
           "ridge must be finite and >= 0, got " + checks::num(opt.ridge));
+  require(std::isfinite(opt.shift_threshold), where,
+          "shift_threshold must be finite (0 disables), got " + checks::num(opt.shift_threshold));
   const int T = static_cast<int>(history.size());
   const bool has_exo = !exo.empty();
   if (has_exo) {
@@ -92,24 +134,34 @@ std::vector<int64_t> predict_arx_intervals(const std::vector<int64_t>& history, 
     for (size_t i = 0; i < exo.size(); ++i)
       require(std::isfinite(exo[i]), where, "exo[" + std::to_string(i) + "] must be finite, got " + checks::num(exo[i]));
   }
-  const int k = opt.order, m = has_exo ? opt.exo_order : 0;
-  const int P = 1 + k + m;  // c, a_1..a_k, b_0..b_{m-1}
-  const int start = std::max({k, m - 1, T - opt.window});
-  const int N = T - start;  // regression rows: targets x_start .. x_{T-1}
-  const std::vector<int64_t> fallback(horizon, history.back());
-  if (N < P + 2) return fallback;
+  const int k = opt.order, m = has_exo ? opt.exo_order : 0, tr = opt.trend ? 1 : 0;
+  const int P = 1 + tr + k + m;  // c, [d], a_1..a_k, b_0..b_{m-1}
 
-  // Normalise x by its mean over the rows and their lags, and u to zero mean / unit variance, for conditioning.
-  const int lo = start - k;
-  double scale = 0.0, xmin = INFINITY, xmax = 0.0;
-  for (int t = lo; t < T; ++t) {
-    const double v = static_cast<double>(history[t]);
-    scale += v;
-    xmin = std::min(xmin, v);
-    xmax = std::max(xmax, v);
-  }
+  // The data the model sees: the last window + k intervals, or fewer after a level shift.
+  int lo = std::max(0, T - opt.window - k);
+  double scale = 0.0;
+  for (int t = lo; t < T; ++t) scale += static_cast<double>(history[t]);
   scale /= (T - lo);
   if (!(scale > 0.0)) return std::vector<int64_t>(horizon, 0);
+  const int shift = level_shift_start(history, lo, scale, opt.shift_threshold);
+  const bool shifted = shift > lo;
+  if (shifted) {
+    lo = shift;
+    scale = 0.0;
+    for (int t = lo; t < T; ++t) scale += static_cast<double>(history[t]);
+    scale /= (T - lo);
+  }
+  const int start = std::max({lo + k, m - 1, T - opt.window});
+  const int N = T - start;  // regression rows: targets x_start .. x_{T-1}
+  if (N < P + 2)  // too little to fit: the papers' last interval, or the new regime's mean after a shift
+    return std::vector<int64_t>(horizon, shifted ? to_ns(scale) : history.back());
+
+  // Normalise x by its mean and u to zero mean / unit variance, for conditioning.
+  double xmin = INFINITY, xmax = 0.0;
+  for (int t = lo; t < T; ++t) {
+    xmin = std::min(xmin, static_cast<double>(history[t]));
+    xmax = std::max(xmax, static_cast<double>(history[t]));
+  }
   std::vector<double> y(T + horizon);
   for (int t = 0; t < T; ++t) y[t] = static_cast<double>(history[t]) / scale;
   const double ymin = 0.5 * xmin / scale, ymax = 2.0 * xmax / scale;
@@ -125,25 +177,34 @@ std::vector<int64_t> predict_arx_intervals(const std::vector<int64_t>& history, 
     for (size_t t = 0; t < exo.size(); ++t) u[t] = (exo[t] - mu) / sd;
   }
   auto u_at = [&](int t) { return u[std::min<size_t>(static_cast<size_t>(t), u.size() - 1)]; };
+  const double wlen = static_cast<double>(opt.window);
   auto regressors = [&](int t, double* row) {
-    row[0] = 1.0;
-    for (int i = 1; i <= k; ++i) row[i] = y[t - i];
-    for (int j = 0; j < m; ++j) row[1 + k + j] = u_at(t - j);
+    int c = 0;
+    row[c++] = 1.0;
+    if (tr) row[c++] = static_cast<double>(t - T) / wlen;  // local linear trend: follows a drifting speed
+    for (int i = 1; i <= k; ++i) row[c++] = y[t - i];
+    for (int j = 0; j < m; ++j) row[c++] = u_at(t - j);
   };
 
-  // Least squares with a ridge on the lag coefficients: (X'X + ridge*N*D) theta = X'y, D = diag(0, 1, ..., 1).
-  std::vector<double> A(P * P, 0.0), b(P, 0.0), row(P);
+  // Least squares with a ridge on the lag coefficients, relative to each regressor's variance:
+  // (X'X + ridge * N * diag(0, [0], var_1, ..., var_{k+m})) theta = X'y.
+  std::vector<double> A(P * P, 0.0), b(P, 0.0), row(P), mean(P, 0.0), sq(P, 0.0);
   for (int t = start; t < T; ++t) {
     regressors(t, row.data());
     for (int i = 0; i < P; ++i) {
+      mean[i] += row[i];
+      sq[i] += row[i] * row[i];
       b[i] += row[i] * y[t];
       for (int j = 0; j < P; ++j) A[i * P + j] += row[i] * row[j];
     }
   }
-  for (int i = 1; i < P; ++i) A[i * P + i] += opt.ridge * N;
-  if (!solve(A, b, P)) return fallback;
+  for (int i = 1 + tr; i < P; ++i) {
+    const double var = std::max(sq[i] / N - (mean[i] / N) * (mean[i] / N), 1e-12);
+    A[i * P + i] += opt.ridge * N * var;
+  }
+  if (!solve(A, b, P)) return std::vector<int64_t>(horizon, history.back());
 
-  // Iterate x_t = c + sum a_i x_{t-i} + sum b_j u_{t-j} forward, clamped to the window's range.
+  // Iterate x_t = c + d*t + sum a_i x_{t-i} + sum b_j u_{t-j} forward, clamped to the data's range.
   std::vector<int64_t> out(horizon);
   for (int h = 0; h < horizon; ++h) {
     const int t = T + h;

@@ -108,7 +108,7 @@ Barrier zipline_barrier(const PushTimeGrid& g) {
       best_hi = hi;
       if (d_Z == 0) break;  // hi never decreases, so no later window can beat (0, hi)
     }
-    if (++pos[top.p] == R) break;  // that worker has no point >= any later min(Z)
+    if (++pos[top.p] == R) break;  // that worker has no point >= any larger min(Z)
     const int64_t next = g.at(top.p, pos[top.p]);
     hi = std::max(hi, next);
     replace_top(heap, Head{next, top.p});
@@ -126,12 +126,12 @@ std::vector<int64_t> predict_push_times(const std::vector<int64_t>& last_ns, con
   std::vector<int64_t> out(n * static_cast<size_t>(R));
   for (size_t p = 0; p < n; ++p) {
     const int64_t last = last_ns[p], I_p = interval_ns[p];
-    if (last < 0)
-      fail(where, "last push time of worker " + std::to_string(p) + " must be >= 0 ns, got " + std::to_string(last) +
-                      " (no push recorded?)");
     if (I_p < 0)
       fail(where, "iteration interval I_p of worker " + std::to_string(p) + " must be >= 0 ns, got " +
                       std::to_string(I_p) + " (fewer than two pushes since the last barrier?)");
+    if (last < 0)
+      fail(where, "last push time of worker " + std::to_string(p) + " must be >= 0 ns, got " + std::to_string(last) +
+                      " (no push recorded?)");
     if (I_p > 0 && I_p > (std::numeric_limits<int64_t>::max() - last) / R)
       fail(where, "last_p + R * I_p overflows int64 for worker " + std::to_string(p));
     // e_p[i] = last_p + i * I_p, i = 1..R (algorithms.md, ElasticBSP: prediction from the latest interval)

@@ -52,7 +52,7 @@ def test_arx_recovers_a_noise_free_autoregressive_process():
         x.append(20 + 0.5 * x[-1] + 0.3 * x[-2])
     h = [int(round(v * 1e6)) for v in x]
     nxt = 20 + 0.5 * x[-1] + 0.3 * x[-2]
-    pred = N.predict_arx_interval(h, order=2, window=40, ridge=0.0)
+    pred = N.predict_arx_interval(h, order=2, window=40, ridge=0.0, trend=False, shift_threshold=0.0)
     assert abs(pred - nxt * 1e6) < 1e-3 * nxt * 1e6
 
 
@@ -109,6 +109,7 @@ def test_predictors_are_deterministic():
         (lambda: N.predict_arx_interval([1, 2, 3], exo=[0.0, 1.0, math.nan, 2.0]), "finite"),
         (lambda: N.predict_arx_interval([1, 2, 3], exo=[0.0] * 4, exo_order=0), "exo_order"),
         (lambda: N.predict_arx_intervals([1, 2, 3], horizon=0), "horizon"),
+        (lambda: N.predict_arx_interval([1, 2, 3], shift_threshold=math.inf), "shift_threshold"),
     ],
 )
 def test_bad_predictor_inputs_raise_value_error(call, message):

@@ -48,6 +48,8 @@ def test_downloads_see_the_slowest_workers_upload_in_every_round():
     # Worker 1 is slowest (longest measured interval); worker 0 trains 3 local steps per slow step.
     clocks, state = N.WorkerClocks(2), N.WbspState(2)
     t0 = t1 = 0
+    clocks.record_push(0, 0)  # training starts: first timestamps, no upload yet
+    clocks.record_push(1, 0)
     opened = []
     for _ in range(30):
         t0 += 10
@@ -57,7 +59,8 @@ def test_downloads_see_the_slowest_workers_upload_in_every_round():
             t1 += 30
             clocks.record_push(1, t1)
             state.on_upload(1)
-        slowest = clocks.slowest_by_interval()
+        # Until every worker's iteration time is measured, any of them may be the slowest: -1 waits for all.
+        slowest = clocks.slowest_by_interval() if min(clocks.last_intervals) >= 0 else -1
         if state.may_download(0, slowest):
             assert state.uploaded_since_last_download(0)[1]
             state.on_download(0)

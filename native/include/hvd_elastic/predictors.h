@@ -16,18 +16,22 @@ int64_t predict_ewma_interval(const std::vector<int64_t>& history, double alpha)
 
 // Autoregressive model with optional exogenous input, fitted by least squares on a sliding window, which follows a
 // speed that drifts (the shape of LB-BSP's NARX, kept linear and small):
-//   x_t = c + sum_{i=1..order} a_i x_{t-i} + sum_{j=0..exo_order-1} b_j u_{t-j} + noise
-// x = intervals normalised by their window mean, u = the exogenous series standardised over the window (e.g. the
-// co-tenant CPU load measured during each iteration). Fitted over the last `window` targets with a ridge penalty
-// (ridge * rows) on every coefficient except c. Multi-step forecasts iterate the recursion; exogenous values past
-// the given ones are held at the last one. Each step is clamped to [min/2, 2*max] of the window (an unstable fit
-// cannot explode), and with too little history (rows < coefficients + 2) or a singular fit it falls back to the
-// last interval.
+//   x_t = c + d * (t - T) / window + sum_{i=1..order} a_i x_{t-i} + sum_{j=0..exo_order-1} b_j u_{t-j} + noise
+// x = intervals normalised by their mean, u = the exogenous series standardised over the window (e.g. the co-tenant
+// CPU load measured during each iteration); the trend term d is optional. Fitted over the last `window` targets
+// with a ridge penalty ridge * rows * var(regressor) on the lag coefficients (not on c, d).
+// A sudden slowdown is a level shift: the data restart at the most significant mean shift in the window (two-sample
+// t statistic above shift_threshold, and two means fit clearly better than a line; 0 disables); until the new regime
+// has enough points the forecast is its mean. Multi-step forecasts iterate the recursion; exogenous values past the
+// given ones are held at the last one. Each step is clamped to [min/2, 2*max] of the data (an unstable fit cannot
+// explode). With too little history (rows < coefficients + 2) or a singular fit: the last interval.
 struct ArxOptions {
-  int order = 2;        // k: autoregressive lags, 1..16
-  int window = 32;      // regression rows (targets) at most, >= 2
-  int exo_order = 1;    // m: exogenous lags when exo is given, 1..16
-  double ridge = 1e-3;  // >= 0
+  int order = 2;                 // k: autoregressive lags, 1..16
+  int window = 32;               // regression rows (targets) at most, >= 2
+  int exo_order = 1;             // m: exogenous lags when exo is given, 1..16
+  double ridge = 1e-3;           // >= 0, relative to each regressor's variance
+  bool trend = true;             // include the local linear trend term d
+  double shift_threshold = 5.0;  // level-shift detection, t statistic; 0 disables
 };
 
 // exo: empty, or at least history.size() + 1 readings (u_1..u_T for the past iterations, u_{T+1} for the next one,

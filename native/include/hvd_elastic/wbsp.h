@@ -10,8 +10,9 @@
 
 namespace hvd_elastic {
 
-// uploaded[q]: has worker q uploaded since p's last download. slowest: index of the slowest worker, or -1 when no
-// iteration time is measured yet, in which case p waits for every worker's upload (a BSP-like, safe start).
+// uploaded[q]: has worker q uploaded since p's last download. slowest: index of the slowest worker, or -1 while some
+// worker's iteration time is not measured yet (an unmeasured worker may be the slowest), in which case p waits for
+// every worker's upload (a BSP-like, safe start).
 bool wbsp_may_download(const std::vector<bool>& uploaded_since_last_download, int slowest);
 
 // Upload/download bookkeeping for a job: every upload gets a global sequence number; q has uploaded since p's last

@@ -43,8 +43,8 @@ Barrier zipline_barrier(const PushTimeGrid& g);
 
 // The papers' O(R^2 n) heuristic [reconstructed]: candidate barriers are only the slowest worker's points (the row
 // whose last point is latest, ties to the lowest index); each other worker takes its latest point not after the
-// candidate, found by a linear scan. Optimal whenever the best barrier is a point of that worker; never better
-// than ZipLine.
+// candidate (its first occurrence), found by a linear scan. Optimal whenever the best barrier is a point of that
+// worker; never better than ZipLine. Its window need not be tight, so it reports the choice it made (not rule 3).
 Barrier gridscan_barrier(const PushTimeGrid& g);
 
 // Exact, O(R^2 n^2): every point of every worker is a candidate max(Z); each worker takes its latest point not

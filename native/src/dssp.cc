@@ -18,6 +18,8 @@ void check_range(int s_lower, int s_upper, const char* where) {
   require(s_upper >= s_lower, where,
           "s_upper (s_U) must be >= s_lower (s_L), got [" + std::to_string(s_lower) + ", " + std::to_string(s_upper) +
               "]");
+  require(static_cast<int64_t>(s_upper) - s_lower <= checks::kMaxRange, where,
+          "r_max = s_U - s_L must be <= " + std::to_string(checks::kMaxRange));
 }
 
 // |a - b| for non-negative int64 values (cannot overflow).
@@ -27,7 +29,8 @@ inline int64_t dist(int64_t a, int64_t b) { return a > b ? a - b : b - a; }
 
 int dssp_sync_controller(int64_t last_p, int64_t interval_p, int64_t last_s, int64_t interval_s, int r_max) {
   const char* where = "dssp_sync_controller";
-  require(r_max >= 0, where, "r_max must be >= 0, got " + std::to_string(r_max));
+  require(r_max >= 0 && r_max <= checks::kMaxRange, where,
+          "r_max must be in [0, " + std::to_string(checks::kMaxRange) + "], got " + std::to_string(r_max));
   require(last_p >= 0 && last_s >= 0, where,
           "push times must be >= 0 ns, got last_p = " + std::to_string(last_p) + ", last_s = " +
               std::to_string(last_s));
@@ -103,7 +106,8 @@ bool dssp_may_resume(const WorkerClocks& clocks, int p, int s_lower) {
 }
 
 DsspState::DsspState(int n, int s_lower, int s_upper) : s_lower_(s_lower), s_upper_(s_upper) {
-  require(n >= 1, "DsspState", "n must be >= 1, got " + std::to_string(n));
+  require(n >= 1 && n <= checks::kMaxWorkers, "DsspState",
+          "n must be in [1, " + std::to_string(checks::kMaxWorkers) + "], got " + std::to_string(n));
   check_range(s_lower, s_upper, "DsspState");
   credit_.assign(n, 0);
 }

@@ -16,6 +16,8 @@ namespace {
 
 // Caps clipped to B (empty = B each), after checking 1 <= cap_p and sum(caps) >= B >= n.
 std::vector<int64_t> checked_caps(size_t n, int64_t B, const std::vector<int64_t>& caps, const char* where) {
+  require(B <= checks::kMaxBatch, where,
+          "global batch B = " + std::to_string(B) + " is too large (limit " + std::to_string(checks::kMaxBatch) + ")");
   require(B >= static_cast<int64_t>(n), where,
           "global batch B = " + std::to_string(B) + " is smaller than the number of workers n = " + std::to_string(n) +
               " (every worker needs at least one sample)");

@@ -116,7 +116,8 @@ std::vector<int64_t> predict_arx_intervals(const std::vector<int64_t>& history, 
                                            const std::vector<double>& exo) {
   const char* where = "predict_arx_intervals";
   check_history(history, where);
-  require(horizon >= 1, where, "horizon must be >= 1, got " + std::to_string(horizon));
+  require(horizon >= 1 && horizon <= checks::kMaxHorizon, where,
+          "horizon must be in [1, " + std::to_string(checks::kMaxHorizon) + "], got " + std::to_string(horizon));
   require(opt.order >= 1 && opt.order <= 16, where, "order must be in [1, 16], got " + std::to_string(opt.order));
   require(opt.window >= 2, where, "window must be >= 2, got " + std::to_string(opt.window));
   require(std::isfinite(opt.ridge) && opt.ridge >= 0.0, where,

@@ -20,7 +20,8 @@ bool wbsp_may_download(const std::vector<bool>& uploaded, int slowest) {
 }
 
 WbspState::WbspState(int n) {
-  checks::require(n >= 1, "WbspState", "n must be >= 1, got " + std::to_string(n));
+  checks::require(n >= 1 && n <= checks::kMaxWorkers, "WbspState",
+                  "n must be in [1, " + std::to_string(checks::kMaxWorkers) + "], got " + std::to_string(n));
   last_upload_.assign(n, 0);
   last_download_.assign(n, 0);
   uploads_.assign(n, 0);

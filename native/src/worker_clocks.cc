@@ -4,10 +4,15 @@
 #include <stdexcept>
 #include <string>
 
+#include "hvd_elastic/checks.h"
+
 namespace hvd_elastic {
 
 WorkerClocks::WorkerClocks(int n, int history) : n_(n), history_(history) {
   if (n < 1) throw std::invalid_argument("WorkerClocks: n must be >= 1, got " + std::to_string(n));
+  if (n > checks::kMaxWorkers)
+    throw std::invalid_argument("WorkerClocks: n must be <= " + std::to_string(checks::kMaxWorkers) + ", got " +
+                                std::to_string(n));
   if (history < 1) throw std::invalid_argument("WorkerClocks: history must be >= 1, got " + std::to_string(history));
   clock_.assign(n, 0);
   last_.assign(n, -1);

@@ -76,7 +76,7 @@ def test_downloads_see_the_slowest_workers_upload_in_every_round():
         (lambda: N.wbsp_may_download([], 0), "must not be empty"),
         (lambda: N.wbsp_may_download([True], 1), "out of range"),
         (lambda: N.wbsp_may_download([True], -2), "out of range"),
-        (lambda: N.WbspState(0), "n must be >= 1"),
+        (lambda: N.WbspState(0), "n must be"),
         (lambda: N.WbspState(2).on_upload(2), "out of range"),
         (lambda: N.WbspState(2).on_download(-1), "out of range"),
         (lambda: N.WbspState(2).may_download(0, 2), "out of range"),

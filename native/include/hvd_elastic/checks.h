@@ -11,6 +11,14 @@
 namespace hvd_elastic {
 namespace checks {
 
+// Size limits, far above any real job, that keep a malformed argument from allocating gigabytes or looping for
+// minutes: they turn into a ValueError instead.
+constexpr int kMaxWorkers = 1 << 17;               // n for the stateful classes
+constexpr int64_t kMaxGridPoints = int64_t{1} << 27;  // n * R built by predict_push_times (1 GiB)
+constexpr int kMaxHorizon = 1 << 20;               // predictor forecast steps
+constexpr int kMaxRange = 1 << 20;                 // DSSP r_max = s_U - s_L
+constexpr int64_t kMaxBatch = int64_t{1} << 40;    // LB-BSP global batch (exact in a double)
+
 [[noreturn]] inline void fail(const std::string& where, const std::string& what) {
   throw std::invalid_argument(where + ": " + what);
 }

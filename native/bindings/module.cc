@@ -100,6 +100,10 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init<int, int>(), py::arg("n"), py::arg("history") = 16)
       .def("record_push", &WorkerClocks::record_push, py::arg("worker"), py::arg("t_ns"),
            "Worker pushed an update at t_ns: its clock advances; the interval since its last push is recorded.")
+      .def("observe", &WorkerClocks::observe, py::arg("worker"), py::arg("clock"), py::arg("last_push_ns"),
+           py::arg("interval_ns"),
+           "Set a worker's clock, last push time and latest iteration interval from a summary (e.g. tick metadata);"
+           " interval_ns=-1 leaves the history unchanged.")
       .def("reset_timing", &WorkerClocks::reset_timing,
            "Forget last push times and intervals (clocks kept): the next interval starts fresh.")
       .def_property_readonly("size", &WorkerClocks::size)

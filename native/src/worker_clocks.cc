@@ -38,6 +38,26 @@ void WorkerClocks::record_push(int p, int64_t t_ns) {
   ++clock_[p];
 }
 
+void WorkerClocks::observe(int p, int64_t clock, int64_t last_push_ns, int64_t interval_ns) {
+  check_worker(p);
+  if (clock < clock_[p])
+    throw std::invalid_argument("observe: clock of worker " + std::to_string(p) + " must not decrease: " +
+                                std::to_string(clock) + " < " + std::to_string(clock_[p]));
+  if (last_push_ns < -1 || (last_[p] >= 0 && last_push_ns >= 0 && last_push_ns < last_[p]))
+    throw std::invalid_argument("observe: last push time of worker " + std::to_string(p) +
+                                " must be -1 or not before the previous one, got " + std::to_string(last_push_ns));
+  if (interval_ns < -1)
+    throw std::invalid_argument("observe: interval must be >= 0 ns or -1 (unknown), got " +
+                                std::to_string(interval_ns));
+  const bool new_push = clock > clock_[p];  // the same summary seen twice must not duplicate history
+  clock_[p] = clock;
+  if (last_push_ns >= 0) last_[p] = last_push_ns;
+  if (interval_ns >= 0 && (new_push || intervals_[p].empty())) {
+    intervals_[p].push_back(interval_ns);
+    if (static_cast<int>(intervals_[p].size()) > history_) intervals_[p].pop_front();
+  }
+}
+
 void WorkerClocks::reset_timing() {
   std::fill(last_.begin(), last_.end(), -1);
   for (auto& h : intervals_) h.clear();

@@ -83,3 +83,16 @@ def test_push_times_must_not_decrease():
     with pytest.raises(ValueError, match="must not decrease"):
         c.record_push(0, 99)
     assert c.clock(0) == 1
+
+
+def test_observe_sets_state_from_a_summary_without_duplicating_history():
+    from hvd_elastic import _native
+    w = _native.WorkerClocks(3)
+    w.observe(1, 5, 1_000, 200)
+    w.observe(1, 5, 1_000, 200)          # the same tick metadata seen again
+    assert w.clocks == [0, 5, 0] and w.last_push_ns(1) == 1_000 and w.intervals(1) == [200]
+    w.observe(1, 6, 1_300, 300)
+    assert w.intervals(1) == [200, 300] and w.slowest_by_interval() == 1
+    for bad in [(1, 4, 1_300, 300), (1, 6, 900, 300), (1, 6, 1_300, -2), (3, 1, 0, 0)]:
+        with pytest.raises(ValueError):
+            w.observe(*bad)

@@ -25,6 +25,11 @@ class WorkerClocks {
   // worker does not produce an interval (the time across a barrier is not an iteration time).
   void reset_timing();
 
+  // Set worker p's state from a summary (the sync engine's tick metadata carries clock, last push time and the
+  // latest measured iteration time, not every push). Clock and last push must not go backwards; interval_ns = -1
+  // means not measured yet (the history is left as is), otherwise it joins p's history when the clock advanced.
+  void observe(int p, int64_t clock, int64_t last_push_ns, int64_t interval_ns);
+
   int size() const { return n_; }
   int64_t clock(int p) const;                  // t_p: pushes so far
   const std::vector<int64_t>& clocks() const { return clock_; }

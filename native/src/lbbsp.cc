@@ -10,15 +10,14 @@
 
 namespace hvd_elastic {
 
-using checks::require;
 
 namespace {
 
 // Caps clipped to B (empty = B each), after checking 1 <= cap_p and sum(caps) >= B >= n.
 std::vector<int64_t> checked_caps(size_t n, int64_t B, const std::vector<int64_t>& caps, const char* where) {
-  require(B <= checks::kMaxBatch, where,
+  HVD_REQUIRE(B <= checks::kMaxBatch, where,
           "global batch B = " + std::to_string(B) + " is too large (limit " + std::to_string(checks::kMaxBatch) + ")");
-  require(B >= static_cast<int64_t>(n), where,
+  HVD_REQUIRE(B >= static_cast<int64_t>(n), where,
           "global batch B = " + std::to_string(B) + " is smaller than the number of workers n = " + std::to_string(n) +
               " (every worker needs at least one sample)");
   if (caps.empty()) return std::vector<int64_t>(n, B);
@@ -26,11 +25,11 @@ std::vector<int64_t> checked_caps(size_t n, int64_t B, const std::vector<int64_t
   std::vector<int64_t> clipped(n);
   int64_t total = 0;
   for (size_t p = 0; p < n; ++p) {
-    require(caps[p] >= 1, where, "caps[" + std::to_string(p) + "] must be >= 1, got " + std::to_string(caps[p]));
+    HVD_REQUIRE(caps[p] >= 1, where, "caps[" + std::to_string(p) + "] must be >= 1, got " + std::to_string(caps[p]));
     clipped[p] = std::min(caps[p], B);  // a cap above B never binds; clipping also keeps the sum from overflowing
     total += clipped[p];
   }
-  require(total >= B, where,
+  HVD_REQUIRE(total >= B, where,
           "caps sum to " + std::to_string(total) + " < global batch B = " + std::to_string(B) +
               ": the batch cannot fit");
   return clipped;
@@ -78,7 +77,7 @@ std::vector<int64_t> lbbsp_batch_sizes_cpu(const std::vector<double>& throughput
   checks::nonempty_size(throughput.size(), where, "throughput");
   const size_t n = throughput.size();
   for (size_t p = 0; p < n; ++p)
-    require(std::isfinite(throughput[p]) && throughput[p] > 0.0, where,
+    HVD_REQUIRE(std::isfinite(throughput[p]) && throughput[p] > 0.0, where,
             "throughput[" + std::to_string(p) + "] must be finite and > 0, got " + checks::num(throughput[p]));
   const std::vector<int64_t> caps = checked_caps(n, batch_size, caps_in, where);
   const int64_t B = batch_size;
@@ -121,10 +120,10 @@ std::vector<int64_t> lbbsp_batch_sizes_cpu(const std::vector<double>& throughput
 LbbspMove lbbsp_gpu_step(LbbspGpuState& st, const std::vector<int64_t>& t, double tolerance) {
   const char* where = "lbbsp_gpu_step";
   const size_t n = st.sizes.size();
-  require(n >= 1 && st.caps.size() == n, where, "state must hold sizes and caps for n >= 1 workers");
+  HVD_REQUIRE(n >= 1 && st.caps.size() == n, where, "state must hold sizes and caps for n >= 1 workers");
   checks::same_length(n, t.size(), where, "sizes", "step_times_ns");
   checks::nonnegative_all(t, where, "step_times_ns");
-  require(std::isfinite(tolerance) && tolerance >= 0.0 && tolerance < 1.0, where,
+  HVD_REQUIRE(std::isfinite(tolerance) && tolerance >= 0.0 && tolerance < 1.0, where,
           "tolerance must be in [0, 1), got " + checks::num(tolerance));
 
   LbbspMove m;
@@ -164,23 +163,23 @@ LbbspGpuController::LbbspGpuController(int64_t batch_size, std::vector<int64_t> 
     : batch_size_(batch_size), tolerance_(tolerance) {
   const char* where = "LbbspGpuController";
   size_t n = !sizes.empty() ? sizes.size() : caps.size();
-  require(n >= 1, where, "need the number of workers: pass caps or sizes (non-empty)");
+  HVD_REQUIRE(n >= 1, where, "need the number of workers: pass caps or sizes (non-empty)");
   if (!sizes.empty() && !caps.empty()) checks::same_length(sizes.size(), caps.size(), where, "sizes", "caps");
   state_.caps = checked_caps(n, batch_size, caps, where);
-  require(std::isfinite(tolerance) && tolerance >= 0.0 && tolerance < 1.0, where,
+  HVD_REQUIRE(std::isfinite(tolerance) && tolerance >= 0.0 && tolerance < 1.0, where,
           "tolerance must be in [0, 1), got " + checks::num(tolerance));
-  require(window >= 1, where, "window must be >= 1, got " + std::to_string(window));
+  HVD_REQUIRE(window >= 1, where, "window must be >= 1, got " + std::to_string(window));
   if (sizes.empty()) {
     state_.sizes = lbbsp_batch_sizes_cpu(std::vector<double>(n, 1.0), batch_size, state_.caps);
   } else {
     int64_t sum = 0;
     for (size_t p = 0; p < n; ++p) {
-      require(sizes[p] >= 1 && sizes[p] <= state_.caps[p], where,
+      HVD_REQUIRE(sizes[p] >= 1 && sizes[p] <= state_.caps[p], where,
               "sizes[" + std::to_string(p) + "] = " + std::to_string(sizes[p]) + " must be in [1, cap = " +
                   std::to_string(state_.caps[p]) + "]");
       sum += sizes[p];
     }
-    require(sum == batch_size, where,
+    HVD_REQUIRE(sum == batch_size, where,
             "sizes sum to " + std::to_string(sum) + ", not the global batch B = " + std::to_string(batch_size));
     state_.sizes = std::move(sizes);
   }

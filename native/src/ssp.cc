@@ -23,7 +23,7 @@ int64_t staleness(const WorkerClocks& clocks, int p, const char* where) {
 }
 
 void check_s(int64_t s, const char* where) {
-  checks::require(s >= 0, where, "staleness bound s must be >= 0, got " + std::to_string(s));
+  HVD_REQUIRE(s >= 0, where, "staleness bound s must be >= 0, got " + std::to_string(s));
 }
 
 }  // namespace

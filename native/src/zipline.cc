@@ -10,11 +10,10 @@
 namespace hvd_elastic {
 
 using checks::fail;
-using checks::require;
 
 void validate_push_time_grid(const PushTimeGrid& g, const char* where) {
-  require(g.n >= 1, where, "need at least one worker (n >= 1), got n = " + std::to_string(g.n));
-  require(g.R >= 1, where, "need at least one predicted push per worker (R >= 1), got R = " + std::to_string(g.R));
+  HVD_REQUIRE(g.n >= 1, where, "need at least one worker (n >= 1), got n = " + std::to_string(g.n));
+  HVD_REQUIRE(g.R >= 1, where, "need at least one predicted push per worker (R >= 1), got R = " + std::to_string(g.R));
   for (int p = 0; p < g.n; ++p) {
     const int64_t first = g.at(p, 0);
     if (first < 0)
@@ -121,9 +120,9 @@ std::vector<int64_t> predict_push_times(const std::vector<int64_t>& last_ns, con
   const char* where = "predict_push_times";
   checks::nonempty_size(last_ns.size(), where, "last_ns");
   checks::same_length(last_ns.size(), interval_ns.size(), where, "last_ns", "interval_ns");
-  require(R >= 1, where, "lookahead R must be >= 1, got " + std::to_string(R));
+  HVD_REQUIRE(R >= 1, where, "lookahead R must be >= 1, got " + std::to_string(R));
   const size_t n = last_ns.size();
-  require(static_cast<int64_t>(n) * R <= checks::kMaxGridPoints, where,
+  HVD_REQUIRE(static_cast<int64_t>(n) * R <= checks::kMaxGridPoints, where,
           "n * R = " + std::to_string(n) + " * " + std::to_string(R) + " predicted pushes is too many (limit " +
               std::to_string(checks::kMaxGridPoints) + ")");
   std::vector<int64_t> out(n * static_cast<size_t>(R));

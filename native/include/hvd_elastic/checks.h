@@ -23,9 +23,12 @@ constexpr int64_t kMaxBatch = int64_t{1} << 40;    // LB-BSP global batch (exact
   throw std::invalid_argument(where + ": " + what);
 }
 
-inline void require(bool ok, const std::string& where, const std::string& what) {
-  if (!ok) fail(where, what);
-}
+// Checks `cond`; only on failure is the message (often a string concatenation) evaluated, so checks inside loops
+// and on per-step paths cost a comparison.
+#define HVD_REQUIRE(cond, where, what)                             \
+  do {                                                             \
+    if (!(cond)) ::hvd_elastic::checks::fail((where), (what));     \
+  } while (0)
 
 inline std::string num(double x) {
   if (std::isnan(x)) return "nan";
@@ -34,29 +37,27 @@ inline std::string num(double x) {
   return s;
 }
 
-inline void nonempty_size(size_t n, const std::string& where, const std::string& name) {
-  require(n > 0, where, name + " must not be empty");
-  require(n <= static_cast<size_t>(INT32_MAX), where, name + " is too long (" + std::to_string(n) + ")");
+inline void nonempty_size(size_t n, const char* where, const char* name) {
+  HVD_REQUIRE(n > 0, where, std::string(name) + " must not be empty");
+  HVD_REQUIRE(n <= static_cast<size_t>(INT32_MAX), where,
+              std::string(name) + " is too long (" + std::to_string(n) + ")");
 }
 
-inline void worker_index(int p, size_t n, const std::string& where, const std::string& name = "worker") {
-  require(p >= 0 && static_cast<size_t>(p) < n, where,
-          name + " " + std::to_string(p) + " out of range [0, " + std::to_string(n) + ")");
+inline void worker_index(int p, size_t n, const char* where, const char* name = "worker") {
+  HVD_REQUIRE(p >= 0 && static_cast<size_t>(p) < n, where,
+              std::string(name) + " " + std::to_string(p) + " out of range [0, " + std::to_string(n) + ")");
 }
 
-inline void finite(double x, const std::string& where, const std::string& name) {
-  require(std::isfinite(x), where, name + " must be finite, got " + num(x));
-}
-
-inline void nonnegative_all(const std::vector<int64_t>& v, const std::string& where, const std::string& name) {
+inline void nonnegative_all(const std::vector<int64_t>& v, const char* where, const char* name) {
   for (size_t i = 0; i < v.size(); ++i)
-    require(v[i] >= 0, where, name + "[" + std::to_string(i) + "] must be >= 0, got " + std::to_string(v[i]));
+    HVD_REQUIRE(v[i] >= 0, where,
+                std::string(name) + "[" + std::to_string(i) + "] must be >= 0, got " + std::to_string(v[i]));
 }
 
-inline void same_length(size_t a, size_t b, const std::string& where, const std::string& na, const std::string& nb) {
-  require(a == b, where,
-          "mismatched lengths: " + na + " has " + std::to_string(a) + " entries, " + nb + " has " +
-              std::to_string(b));
+inline void same_length(size_t a, size_t b, const char* where, const char* na, const char* nb) {
+  HVD_REQUIRE(a == b, where,
+              std::string("mismatched lengths: ") + na + " has " + std::to_string(a) + " entries, " + nb + " has " +
+                  std::to_string(b));
 }
 
 }  // namespace checks

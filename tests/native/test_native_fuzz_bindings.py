@@ -80,6 +80,7 @@ def test_stateful_classes_raise_only_value_or_type_errors(a):
     clocks = call_expecting_only_value_or_type_errors(N.WorkerClocks, a[0], a[1])
     if clocks is not None:
         call_expecting_only_value_or_type_errors(clocks.record_push, a[2], a[3])
+        call_expecting_only_value_or_type_errors(clocks.observe, a[2], a[3], a[4], a[5])
         call_expecting_only_value_or_type_errors(clocks.intervals, a[4])
         call_expecting_only_value_or_type_errors(N.zipline_barrier_from_clocks, clocks, a[5])
         call_expecting_only_value_or_type_errors(N.ssp_may_proceed, clocks, a[6], a[7])

@@ -149,8 +149,8 @@ PYBIND11_MODULE(_native, m) {
   def_barrier_variant(m, "zipline_barrier", &zipline_barrier, zipline_doc);
   def_barrier_variant(m, "gridscan_barrier", &gridscan_barrier,
                       "ElasticBSP barrier by GridScan, the papers' O(R^2 n) heuristic [reconstructed]: candidate\n"
-                      "barriers are the slowest worker's points only (the row whose last point is latest); every other\n"
-                      "worker takes its latest point not after the candidate. Same input, order and errors as\n"
+                      "barriers are the slowest worker's points only (the row whose last point is latest); every\n"
+                      "other worker takes its latest point not after the candidate. Same input, order and errors as\n"
                       "zipline_barrier; its d_Z is never smaller than ZipLine's.");
   def_barrier_variant(m, "fullgridscan_barrier", &fullgridscan_barrier,
                       "ElasticBSP barrier by FullGridScan: exact, O(R^2 n^2). Every point of every worker is a\n"
@@ -174,7 +174,9 @@ PYBIND11_MODULE(_native, m) {
         "zipline_barrier(predict_push_times(last_ns, interval_ns, R)) without the round trip through Python.");
   m.def(
       "zipline_barrier_from_clocks",
-      [](const WorkerClocks& c, int R) { return zipline_barrier_from_intervals(c.last_push_times(), c.last_intervals(), R); },
+      [](const WorkerClocks& c, int R) {
+        return zipline_barrier_from_intervals(c.last_push_times(), c.last_intervals(), R);
+      },
       py::arg("clocks"), py::arg("R"),
       "ZipLine barrier from each worker's last push time and last interval in `clocks` (the papers' monitor\n"
       "phase: every worker must have pushed twice since reset_timing, else ValueError).");
@@ -186,8 +188,8 @@ PYBIND11_MODULE(_native, m) {
         "Exponentially weighted mean of the intervals: m = alpha * h_i + (1 - alpha) * m, alpha in (0, 1].");
   m.def(
       "predict_arx_intervals",
-      [](const std::vector<int64_t>& history, int horizon, int order, int window, std::optional<std::vector<double>> exo,
-         int exo_order, double ridge, bool trend, double shift_threshold) {
+      [](const std::vector<int64_t>& history, int horizon, int order, int window,
+         std::optional<std::vector<double>> exo, int exo_order, double ridge, bool trend, double shift_threshold) {
         return predict_arx_intervals(history, horizon,
                                      arx_options(order, window, exo_order, ridge, trend, shift_threshold),
                                      exo ? *exo : std::vector<double>{});

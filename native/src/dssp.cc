@@ -15,10 +15,10 @@ namespace {
 void check_range(int s_lower, int s_upper, const char* where) {
   HVD_REQUIRE(s_lower >= 0, where, "s_lower (s_L) must be >= 0, got " + std::to_string(s_lower));
   HVD_REQUIRE(s_upper >= s_lower, where,
-          "s_upper (s_U) must be >= s_lower (s_L), got [" + std::to_string(s_lower) + ", " + std::to_string(s_upper) +
-              "]");
+              "s_upper (s_U) must be >= s_lower (s_L), got [" + std::to_string(s_lower) + ", " +
+                  std::to_string(s_upper) + "]");
   HVD_REQUIRE(static_cast<int64_t>(s_upper) - s_lower <= checks::kMaxRange, where,
-          "r_max = s_U - s_L must be <= " + std::to_string(checks::kMaxRange));
+              "r_max = s_U - s_L must be <= " + std::to_string(checks::kMaxRange));
 }
 
 // |a - b| for non-negative int64 values (cannot overflow).
@@ -29,18 +29,18 @@ inline int64_t dist(int64_t a, int64_t b) { return a > b ? a - b : b - a; }
 int dssp_sync_controller(int64_t last_p, int64_t interval_p, int64_t last_s, int64_t interval_s, int r_max) {
   const char* where = "dssp_sync_controller";
   HVD_REQUIRE(r_max >= 0 && r_max <= checks::kMaxRange, where,
-          "r_max must be in [0, " + std::to_string(checks::kMaxRange) + "], got " + std::to_string(r_max));
+              "r_max must be in [0, " + std::to_string(checks::kMaxRange) + "], got " + std::to_string(r_max));
   HVD_REQUIRE(last_p >= 0 && last_s >= 0, where,
-          "push times must be >= 0 ns, got last_p = " + std::to_string(last_p) + ", last_s = " +
-              std::to_string(last_s));
+              "push times must be >= 0 ns, got last_p = " + std::to_string(last_p) + ", last_s = " +
+                  std::to_string(last_s));
   HVD_REQUIRE(interval_p >= 0 && interval_s >= 0, where,
-          "intervals must be >= 0 ns, got I_p = " + std::to_string(interval_p) + ", I_s = " +
-              std::to_string(interval_s));
+              "intervals must be >= 0 ns, got I_p = " + std::to_string(interval_p) + ", I_s = " +
+                  std::to_string(interval_s));
   const int64_t kMax = std::numeric_limits<int64_t>::max();
   const int64_t steps = static_cast<int64_t>(r_max) + 1;
   HVD_REQUIRE(interval_p == 0 || interval_p <= (kMax - last_p) / steps, where, "last_p + r_max * I_p overflows int64");
   HVD_REQUIRE(interval_s == 0 || interval_s <= (kMax - last_s) / steps, where,
-          "last_s + (r_max + 1) * I_s overflows int64");
+              "last_s + (r_max + 1) * I_s overflows int64");
 
   // Sim_p[i] = last_p + i*I_p, Sim_s[k] = last_s + (k+1)*I_s (algorithms.md, DSSP SyncController). Both ascend, so
   // the first k with Sim_s[k] >= Sim_p[i] only moves forward as i grows: two pointers, O(r_max).
@@ -66,7 +66,7 @@ DsspDecision dssp_credit(const WorkerClocks& clocks, int p, int credit_p, int s_
   checks::worker_index(p, clocks.size(), where);
   const int r_max = s_upper - s_lower;  // r_max = s_U - s_L
   HVD_REQUIRE(credit_p >= 0 && credit_p <= r_max, where,
-          "credit r_p must be in [0, r_max = " + std::to_string(r_max) + "], got " + std::to_string(credit_p));
+              "credit r_p must be in [0, r_max = " + std::to_string(r_max) + "], got " + std::to_string(credit_p));
 
   DsspDecision d;
   const int64_t gap = clocks.clock(p) - clocks.min_clock();  // t_p - t_slowest
@@ -106,7 +106,7 @@ bool dssp_may_resume(const WorkerClocks& clocks, int p, int s_lower) {
 
 DsspState::DsspState(int n, int s_lower, int s_upper) : s_lower_(s_lower), s_upper_(s_upper) {
   HVD_REQUIRE(n >= 1 && n <= checks::kMaxWorkers, "DsspState",
-          "n must be in [1, " + std::to_string(checks::kMaxWorkers) + "], got " + std::to_string(n));
+              "n must be in [1, " + std::to_string(checks::kMaxWorkers) + "], got " + std::to_string(n));
   check_range(s_lower, s_upper, "DsspState");
   credit_.assign(n, 0);
 }

@@ -16,10 +16,11 @@ namespace {
 // Caps clipped to B (empty = B each), after checking 1 <= cap_p and sum(caps) >= B >= n.
 std::vector<int64_t> checked_caps(size_t n, int64_t B, const std::vector<int64_t>& caps, const char* where) {
   HVD_REQUIRE(B <= checks::kMaxBatch, where,
-          "global batch B = " + std::to_string(B) + " is too large (limit " + std::to_string(checks::kMaxBatch) + ")");
+              "global batch B = " + std::to_string(B) + " is too large (limit " +
+                  std::to_string(checks::kMaxBatch) + ")");
   HVD_REQUIRE(B >= static_cast<int64_t>(n), where,
-          "global batch B = " + std::to_string(B) + " is smaller than the number of workers n = " + std::to_string(n) +
-              " (every worker needs at least one sample)");
+              "global batch B = " + std::to_string(B) + " is smaller than the number of workers n = " +
+                  std::to_string(n) + " (every worker needs at least one sample)");
   if (caps.empty()) return std::vector<int64_t>(n, B);
   checks::same_length(n, caps.size(), where, "throughput/sizes", "caps");
   std::vector<int64_t> clipped(n);
@@ -30,8 +31,8 @@ std::vector<int64_t> checked_caps(size_t n, int64_t B, const std::vector<int64_t
     total += clipped[p];
   }
   HVD_REQUIRE(total >= B, where,
-          "caps sum to " + std::to_string(total) + " < global batch B = " + std::to_string(B) +
-              ": the batch cannot fit");
+              "caps sum to " + std::to_string(total) + " < global batch B = " + std::to_string(B) +
+                  ": the batch cannot fit");
   return clipped;
 }
 
@@ -78,7 +79,7 @@ std::vector<int64_t> lbbsp_batch_sizes_cpu(const std::vector<double>& throughput
   const size_t n = throughput.size();
   for (size_t p = 0; p < n; ++p)
     HVD_REQUIRE(std::isfinite(throughput[p]) && throughput[p] > 0.0, where,
-            "throughput[" + std::to_string(p) + "] must be finite and > 0, got " + checks::num(throughput[p]));
+                "throughput[" + std::to_string(p) + "] must be finite and > 0, got " + checks::num(throughput[p]));
   const std::vector<int64_t> caps = checked_caps(n, batch_size, caps_in, where);
   const int64_t B = batch_size;
 
@@ -124,7 +125,7 @@ LbbspMove lbbsp_gpu_step(LbbspGpuState& st, const std::vector<int64_t>& t, doubl
   checks::same_length(n, t.size(), where, "sizes", "step_times_ns");
   checks::nonnegative_all(t, where, "step_times_ns");
   HVD_REQUIRE(std::isfinite(tolerance) && tolerance >= 0.0 && tolerance < 1.0, where,
-          "tolerance must be in [0, 1), got " + checks::num(tolerance));
+              "tolerance must be in [0, 1), got " + checks::num(tolerance));
 
   LbbspMove m;
   const size_t s = static_cast<size_t>(std::max_element(t.begin(), t.end()) - t.begin());  // straggler
@@ -167,7 +168,7 @@ LbbspGpuController::LbbspGpuController(int64_t batch_size, std::vector<int64_t> 
   if (!sizes.empty() && !caps.empty()) checks::same_length(sizes.size(), caps.size(), where, "sizes", "caps");
   state_.caps = checked_caps(n, batch_size, caps, where);
   HVD_REQUIRE(std::isfinite(tolerance) && tolerance >= 0.0 && tolerance < 1.0, where,
-          "tolerance must be in [0, 1), got " + checks::num(tolerance));
+              "tolerance must be in [0, 1), got " + checks::num(tolerance));
   HVD_REQUIRE(window >= 1, where, "window must be >= 1, got " + std::to_string(window));
   if (sizes.empty()) {
     state_.sizes = lbbsp_batch_sizes_cpu(std::vector<double>(n, 1.0), batch_size, state_.caps);
@@ -175,12 +176,12 @@ LbbspGpuController::LbbspGpuController(int64_t batch_size, std::vector<int64_t> 
     int64_t sum = 0;
     for (size_t p = 0; p < n; ++p) {
       HVD_REQUIRE(sizes[p] >= 1 && sizes[p] <= state_.caps[p], where,
-              "sizes[" + std::to_string(p) + "] = " + std::to_string(sizes[p]) + " must be in [1, cap = " +
-                  std::to_string(state_.caps[p]) + "]");
+                  "sizes[" + std::to_string(p) + "] = " + std::to_string(sizes[p]) + " must be in [1, cap = " +
+                      std::to_string(state_.caps[p]) + "]");
       sum += sizes[p];
     }
     HVD_REQUIRE(sum == batch_size, where,
-            "sizes sum to " + std::to_string(sum) + ", not the global batch B = " + std::to_string(batch_size));
+                "sizes sum to " + std::to_string(sum) + ", not the global batch B = " + std::to_string(batch_size));
     state_.sizes = std::move(sizes);
   }
   state_.step = step > 0 ? step : std::max<int64_t>(1, batch_size / (4 * static_cast<int64_t>(n)));

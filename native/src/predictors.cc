@@ -64,7 +64,7 @@ int64_t predict_last_interval(const std::vector<int64_t>& history) {
 int64_t predict_ewma_interval(const std::vector<int64_t>& history, double alpha) {
   const char* where = "predict_ewma_interval";
   HVD_REQUIRE(std::isfinite(alpha) && alpha > 0.0 && alpha <= 1.0, where,
-          "alpha must be in (0, 1], got " + checks::num(alpha));
+              "alpha must be in (0, 1], got " + checks::num(alpha));
   check_history(history, where);
   double m = static_cast<double>(history[0]);
   for (size_t i = 1; i < history.size(); ++i) m = alpha * static_cast<double>(history[i]) + (1.0 - alpha) * m;
@@ -116,23 +116,24 @@ std::vector<int64_t> predict_arx_intervals(const std::vector<int64_t>& history, 
   const char* where = "predict_arx_intervals";
   check_history(history, where);
   HVD_REQUIRE(horizon >= 1 && horizon <= checks::kMaxHorizon, where,
-          "horizon must be in [1, " + std::to_string(checks::kMaxHorizon) + "], got " + std::to_string(horizon));
+              "horizon must be in [1, " + std::to_string(checks::kMaxHorizon) + "], got " + std::to_string(horizon));
   HVD_REQUIRE(opt.order >= 1 && opt.order <= 16, where, "order must be in [1, 16], got " + std::to_string(opt.order));
   HVD_REQUIRE(opt.window >= 2, where, "window must be >= 2, got " + std::to_string(opt.window));
   HVD_REQUIRE(std::isfinite(opt.ridge) && opt.ridge >= 0.0, where,
-          "ridge must be finite and >= 0, got " + checks::num(opt.ridge));
+              "ridge must be finite and >= 0, got " + checks::num(opt.ridge));
   HVD_REQUIRE(std::isfinite(opt.shift_threshold), where,
-          "shift_threshold must be finite (0 disables), got " + checks::num(opt.shift_threshold));
+              "shift_threshold must be finite (0 disables), got " + checks::num(opt.shift_threshold));
   const int T = static_cast<int>(history.size());
   const bool has_exo = !exo.empty();
   if (has_exo) {
     HVD_REQUIRE(opt.exo_order >= 1 && opt.exo_order <= 16, where,
-            "exo_order must be in [1, 16], got " + std::to_string(opt.exo_order));
+                "exo_order must be in [1, 16], got " + std::to_string(opt.exo_order));
     HVD_REQUIRE(exo.size() >= history.size() + 1, where,
-            "mismatched lengths: exo needs len(history) + 1 = " + std::to_string(T + 1) +
-                " readings (one per past iteration plus the next one), got " + std::to_string(exo.size()));
+                "mismatched lengths: exo needs len(history) + 1 = " + std::to_string(T + 1) +
+                    " readings (one per past iteration plus the next one), got " + std::to_string(exo.size()));
     for (size_t i = 0; i < exo.size(); ++i)
-      HVD_REQUIRE(std::isfinite(exo[i]), where, "exo[" + std::to_string(i) + "] must be finite, got " + checks::num(exo[i]));
+      HVD_REQUIRE(std::isfinite(exo[i]), where,
+                  "exo[" + std::to_string(i) + "] must be finite, got " + checks::num(exo[i]));
   }
   const int k = opt.order, m = has_exo ? opt.exo_order : 0, tr = opt.trend ? 1 : 0;
   const int P = 1 + tr + k + m;  // c, [d], a_1..a_k, b_0..b_{m-1}

@@ -11,8 +11,8 @@ bool wbsp_may_download(const std::vector<bool>& uploaded, int slowest) {
   const char* where = "wbsp_may_download";
   checks::nonempty_size(uploaded.size(), where, "uploaded_since_last_download");
   HVD_REQUIRE(slowest >= -1 && slowest < static_cast<int>(uploaded.size()), where,
-                  "slowest " + std::to_string(slowest) + " out of range [-1, " + std::to_string(uploaded.size()) +
-                      ") (-1 = not measured yet)");
+              "slowest " + std::to_string(slowest) + " out of range [-1, " + std::to_string(uploaded.size()) +
+                  ") (-1 = not measured yet)");
   if (slowest >= 0) return uploaded[slowest];
   for (bool u : uploaded)  // slowest unknown: wait for everyone, as BSP would
     if (!u) return false;
@@ -21,7 +21,7 @@ bool wbsp_may_download(const std::vector<bool>& uploaded, int slowest) {
 
 WbspState::WbspState(int n) {
   HVD_REQUIRE(n >= 1 && n <= checks::kMaxWorkers, "WbspState",
-                  "n must be in [1, " + std::to_string(checks::kMaxWorkers) + "], got " + std::to_string(n));
+              "n must be in [1, " + std::to_string(checks::kMaxWorkers) + "], got " + std::to_string(n));
   last_upload_.assign(n, 0);
   last_download_.assign(n, 0);
   uploads_.assign(n, 0);
@@ -52,8 +52,8 @@ std::vector<bool> WbspState::uploaded_since_last_download(int p) const {
 bool WbspState::may_download(int p, int slowest) const {
   check(p, "WbspState.may_download");
   HVD_REQUIRE(slowest >= -1 && slowest < size(), "WbspState.may_download",
-                  "slowest " + std::to_string(slowest) + " out of range [-1, " + std::to_string(size()) +
-                      ") (-1 = not measured yet)");
+              "slowest " + std::to_string(slowest) + " out of range [-1, " + std::to_string(size()) +
+                  ") (-1 = not measured yet)");
   if (slowest >= 0) return last_upload_[slowest] > last_download_[p];  // O(1) on the hot path
   return wbsp_may_download(uploaded_since_last_download(p), slowest);
 }

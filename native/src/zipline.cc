@@ -123,8 +123,8 @@ std::vector<int64_t> predict_push_times(const std::vector<int64_t>& last_ns, con
   HVD_REQUIRE(R >= 1, where, "lookahead R must be >= 1, got " + std::to_string(R));
   const size_t n = last_ns.size();
   HVD_REQUIRE(static_cast<int64_t>(n) * R <= checks::kMaxGridPoints, where,
-          "n * R = " + std::to_string(n) + " * " + std::to_string(R) + " predicted pushes is too many (limit " +
-              std::to_string(checks::kMaxGridPoints) + ")");
+              "n * R = " + std::to_string(n) + " * " + std::to_string(R) + " predicted pushes is too many (limit " +
+                  std::to_string(checks::kMaxGridPoints) + ")");
   std::vector<int64_t> out(n * static_cast<size_t>(R));
   for (size_t p = 0; p < n; ++p) {
     const int64_t last = last_ns[p], I_p = interval_ns[p];

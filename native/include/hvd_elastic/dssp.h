@@ -55,7 +55,7 @@ class DsspState {
   const std::vector<int>& credits() const { return credit_; }
   int64_t grants() const { return grants_; }                  // pushes at which the SyncController granted r* > 0
   int64_t refusals() const { return refusals_; }              // pushes after which the worker had to wait
-  int64_t max_staleness_admitted() const { return max_admitted_; }  // largest t_p - t_min at a granted push
+  int64_t max_staleness_admitted() const { return max_admitted_; }  // largest t_p - t_min on_push let through
 
  private:
   void check_clocks(const WorkerClocks& clocks, int p, const char* where) const;

@@ -11,7 +11,8 @@ namespace hvd_elastic {
 // exactly B with 1 <= b_p <= cap_p. The continuous target is x_p = clamp(lambda * v_p, 1, cap_p) with lambda
 // chosen so that sum x_p = B (water-filling around the caps); integers are floor(x_p) plus one more sample for the
 // largest remainders x_p - floor(x_p), ties to the lowest rank (largest-remainder apportionment, deterministic).
-// caps empty = no cap. Throws unless n >= 1, every v_p is finite and > 0, B >= n, caps >= 1 and sum(caps) >= B.
+// caps empty = no cap (a cap above B is the same as B). Throws unless n >= 1, every v_p is finite and > 0,
+// n <= B <= 2^40, caps >= 1 and sum(caps) >= B. O(n log n).
 std::vector<int64_t> lbbsp_batch_sizes_cpu(const std::vector<double>& throughput, int64_t batch_size,
                                            const std::vector<int64_t>& caps);
 

@@ -73,17 +73,17 @@ int64_t predict_ewma_interval(const std::vector<int64_t>& history, double alpha)
 
 namespace {
 
-// Start of the newest regime in h[lo, T): the split with the largest two-sample t statistic (pooled variance, at
-// least 3 points before and 2 after), if that statistic exceeds `threshold` and two means explain the data clearly
-// better than a straight line (residual SS below 0.7x the line's), else lo. A sudden slowdown is a mean shift, and
-// fitting across it would drag the forecast back toward the old speed; a steady drift is not one.
-int level_shift_start(const std::vector<int64_t>& h, int lo, double scale, double threshold) {
-  const int T = static_cast<int>(h.size()), n = T - lo;
-  if (threshold <= 0.0 || n < 5) return lo;
-  std::vector<double> s1(n + 1, 0.0), s2(n + 1, 0.0);  // prefix sums of x and x^2 (x normalised by scale)
+// Offset of the newest regime in z: the split with the largest two-sample t statistic (pooled variance, at least
+// 3 points before and 2 after), if that statistic exceeds `threshold` and two means explain the data clearly better
+// than a straight line (residual SS below 0.7x the line's), else 0. A sudden slowdown is a mean shift, and fitting
+// across it would drag the forecast back toward the old speed; a steady drift is not one.
+int level_shift_offset(const std::vector<double>& z, double threshold) {
+  const int n = static_cast<int>(z.size());
+  if (threshold <= 0.0 || n < 5) return 0;
+  std::vector<double> s1(n + 1, 0.0), s2(n + 1, 0.0);  // prefix sums of z and z^2
   double sxt = 0.0;
   for (int i = 0; i < n; ++i) {
-    const double x = static_cast<double>(h[lo + i]) / scale;
+    const double x = z[i];
     s1[i + 1] = s1[i] + x;
     s2[i + 1] = s2[i] + x * x;
     sxt += x * (i - 0.5 * (n - 1));
@@ -92,7 +92,7 @@ int level_shift_start(const std::vector<int64_t>& h, int lo, double scale, doubl
   const double stt = static_cast<double>(n) * (static_cast<double>(n) * n - 1.0) / 12.0;  // sum (i - mean i)^2
   const double ss_line = std::max(0.0, ss_total - sxt * sxt / stt);
   double best_t = 0.0, best_ss = 0.0;
-  int best = lo;
+  int best = 0;
   for (int a = 3; a <= n - 2; ++a) {
     const int b = n - a;
     const double ma = s1[a] / a, mb = (s1[n] - s1[a]) / b;
@@ -103,10 +103,35 @@ int level_shift_start(const std::vector<int64_t>& h, int lo, double scale, doubl
     if (t > best_t) {
       best_t = t;
       best_ss = ss;
-      best = lo + a;
+      best = a;
     }
   }
-  return best_t > threshold && best_ss < 0.7 * ss_line ? best : lo;
+  return best_t > threshold && best_ss < 0.7 * ss_line ? best : 0;
+}
+
+// The series the shift test looks at over [lo, T): x / scale, or, with an exogenous input, the residual of x / scale
+// regressed on u (shifts the input explains, such as a co-tenant's load switching on, are part of the model).
+std::vector<double> shift_test_series(const std::vector<int64_t>& h, const std::vector<double>& exo, int lo,
+                                      double scale) {
+  const int T = static_cast<int>(h.size()), n = T - lo;
+  std::vector<double> z(n);
+  for (int i = 0; i < n; ++i) z[i] = static_cast<double>(h[lo + i]) / scale;
+  if (exo.empty() || n < 3) return z;
+  double mu = 0.0, mz = 0.0;
+  for (int i = 0; i < n; ++i) {
+    mu += exo[lo + i];
+    mz += z[i];
+  }
+  mu /= n;
+  mz /= n;
+  double suu = 0.0, suz = 0.0;
+  for (int i = 0; i < n; ++i) {
+    suu += (exo[lo + i] - mu) * (exo[lo + i] - mu);
+    suz += (exo[lo + i] - mu) * (z[i] - mz);
+  }
+  const double beta = suu > 1e-12 ? suz / suu : 0.0;
+  for (int i = 0; i < n; ++i) z[i] -= beta * (exo[lo + i] - mu);
+  return z;
 }
 
 }  // namespace
@@ -144,10 +169,14 @@ std::vector<int64_t> predict_arx_intervals(const std::vector<int64_t>& history, 
   for (int t = lo; t < T; ++t) scale += static_cast<double>(history[t]);
   scale /= (T - lo);
   if (!(scale > 0.0)) return std::vector<int64_t>(horizon, 0);
-  const int shift = level_shift_start(history, lo, scale, opt.shift_threshold);
-  const bool shifted = shift > lo;
-  if (shifted) {
-    lo = shift;
+  // Keep the newest regime: a window can hold several shifts (a slowdown that began and ended), so search again
+  // inside the part after each one found.
+  bool shifted = false;
+  for (;;) {
+    const int offset = level_shift_offset(shift_test_series(history, exo, lo, scale), opt.shift_threshold);
+    if (offset == 0) break;
+    shifted = true;
+    lo += offset;
     scale = 0.0;
     for (int t = lo; t < T; ++t) scale += static_cast<double>(history[t]);
     scale /= (T - lo);

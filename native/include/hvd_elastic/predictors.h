@@ -21,8 +21,9 @@ int64_t predict_ewma_interval(const std::vector<int64_t>& history, double alpha)
 // CPU load measured during each iteration); the trend term d is optional. Fitted over the last `window` targets
 // with a ridge penalty ridge * rows * var(regressor) on the lag coefficients (not on c, d).
 // A sudden slowdown is a level shift: the data restart at the most significant mean shift in the window (two-sample
-// t statistic above shift_threshold, and two means fit clearly better than a line; 0 disables); until the new regime
-// has enough points the forecast is its mean. Multi-step forecasts iterate the recursion; exogenous values past the
+// t statistic above shift_threshold, and two means fit clearly better than a line; 0 disables), repeatedly, so the
+// newest regime is kept; with exo the test runs on what u does not explain. Until the new regime has enough points
+// the forecast is its mean. Multi-step forecasts iterate the recursion; exogenous values past the
 // given ones are held at the last one. Each step is clamped to [min/2, 2*max] of the data (an unstable fit cannot
 // explode). With too little history (rows < coefficients + 2) or a singular fit: the last interval.
 struct ArxOptions {

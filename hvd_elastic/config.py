@@ -121,9 +121,12 @@ KNOBS = (
          "lbbsp: cpu (sizes proportional to throughput) or gpu (step moves with memory caps).", ("lbbsp",)),
     Knob("wbsp_overlap", False, _bool, "0|1",
          "wbsp: upload each step from a communication thread while the next step computes.", ("wbsp",)),
-    Knob("tick_ms", 5.0, _float(0.0, exclusive=True), "number > 0",
+    Knob("tick_ms", 1.0, _float(0.0, exclusive=True), "number > 0",
          "Relaxed policies: minimum interval between two partial-allreduce ticks, in milliseconds.",
          ("asp", "ssp", "dssp", "zipline", "wbsp")),
+    Knob("max_inflight", 2, _int(0), "integer >= 0",
+         "Relaxed gradient policies: own pushes a rank may have in flight (not yet back in a tick) when it starts "
+         "a step; 0 waits for each.", ("asp", "ssp", "dssp", "zipline")),
     Knob("emulate_delay", {}, _per_rank(0.0), "'*:SECONDS,RANK:SECONDS,...' with SECONDS >= 0",
          "Emulated straggler: extra sleep per step, for every rank (*) and/or named ranks."),
     Knob("emulate_slowdown", {}, _per_rank(1.0), "'*:FACTOR,RANK:FACTOR,...' with FACTOR >= 1",
@@ -146,7 +149,8 @@ class Config:
     predictor: str = "last"
     lbbsp_mode: str = "cpu"
     wbsp_overlap: bool = False
-    tick_ms: float = 5.0
+    tick_ms: float = 1.0
+    max_inflight: int = 2
     emulate_delay: Mapping[Any, float] = dataclasses.field(default_factory=dict)
     emulate_slowdown: Mapping[Any, float] = dataclasses.field(default_factory=dict)
     report: bool = True

@@ -89,7 +89,8 @@ def format_report(report: Dict[str, Any]) -> str:
                      f" {100 * r['wait_share']:>6.1f} {100 * r['comm_share']:>6.1f}")
     for r in report["ranks"]:
         if r["counters"]:
-            lines.append(f"rank {r['rank']}: " + ", ".join(f"{k}={v}" for k, v in sorted(r["counters"].items())))
+            lines.append(f"rank {r['rank']}: " + ", ".join(f"{k}={v}" for k, v in sorted(r["counters"].items())
+                                                           if not isinstance(v, dict)))
     return "\n".join(lines)
 
 

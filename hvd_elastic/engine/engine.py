@@ -66,14 +66,37 @@ class SyncEngine:
         self.telemetry.count("pushes")
         self.policy.on_push(self.ticker.clock)
         self._pull(block=False)
-        t1 = time.perf_counter()
-        busy1 = self._busy_s
-        self._wait_until(lambda: self.policy.may_proceed(self.ticker.clock), "gate")
+        self.telemetry.comm_s += (time.perf_counter() - t0) - (self._busy_s - busy0)
+        self._gate()
         self.policy.on_proceed(self.ticker.clock)
-        t2 = time.perf_counter()
-        self.telemetry.comm_s += (t1 - t0) - (busy1 - busy0)
-        self.telemetry.wait_s += (t2 - t1) - (self._busy_s - busy1)
         self.telemetry.compute_s += self._busy_s - busy0
+
+    def _gate(self):
+        """Block while the policy says so; time blocked on own uploads is communication, the rest waiting."""
+        last_progress = time.monotonic()
+        while True:
+            t0, busy0 = time.perf_counter(), self._busy_s
+            reason = self.policy.blocked_by(self.ticker.clock)
+            if reason is None:
+                return
+            progressed = self._pull(block=True, timeout=1.0)
+            blocked = (time.perf_counter() - t0) - (self._busy_s - busy0)
+            if reason == "comm":
+                self.telemetry.comm_s += blocked
+            else:
+                self.telemetry.wait_s += blocked
+            if progressed:
+                last_progress = time.monotonic()
+            else:
+                self._check_stall(last_progress, "gate")
+
+    def _check_stall(self, last_progress: float, what: str):
+        if self.ticker.stopped:
+            raise HvdElasticError(f"ticks stopped while waiting at the {what}")
+        if time.monotonic() - last_progress > self.stall_timeout_s:
+            unfinished = [q for q in range(self.size) if not self.view.finished[q]]
+            raise HvdElasticError(f"no tick completed for {self.stall_timeout_s:.0f} s while waiting at the "
+                                  f"{what}: a rank stopped taking part (unfinished ranks: {unfinished})")
 
     def download(self):
         """Delta policies: replace this rank's weights by the last published global model."""
@@ -109,12 +132,8 @@ class SyncEngine:
         while not condition():
             if self._pull(block=True, timeout=1.0):
                 last_progress = time.monotonic()
-            elif self.ticker.stopped:
-                raise HvdElasticError(f"ticks stopped while waiting at the {what}")
-            elif time.monotonic() - last_progress > self.stall_timeout_s:
-                unfinished = [q for q in range(self.size) if not self.view.finished[q]]
-                raise HvdElasticError(f"no tick completed for {self.stall_timeout_s:.0f} s while waiting at the "
-                                      f"{what}: a rank stopped taking part (unfinished ranks: {unfinished})")
+            elif not condition():
+                self._check_stall(last_progress, what)
 
     # ---- end of training ---------------------------------------------------------------------------------------
     def finish(self):

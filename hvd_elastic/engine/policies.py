@@ -9,9 +9,13 @@ may_proceed(clock) until it says yes, on_proceed(clock); finish() at the end.
 """
 from __future__ import annotations
 
-from typing import Dict, Type
+import zlib
+from typing import Dict, Optional, Type
 
 import numpy as np
+
+from .. import _native
+from .ticker import COUNT
 
 
 class Policy:
@@ -33,10 +37,9 @@ class Policy:
         return self.engine.rank
 
     def own_gap(self, clock: int) -> int:
-        """How many steps this rank has completed beyond the slowest rank, as far as the ticks show."""
-        clocks = self.engine.view.clocks.copy()
-        clocks[self.rank] = clock
-        return int(clock - clocks.min())
+        """Staleness of the step this rank starts: its own clock minus the slowest delivered clock."""
+        view = self.engine.view
+        return int(_native.ssp_staleness(server_clocks(view, self.rank, clock), view.size))
 
     def on_push(self, clock: int):
         pass
@@ -45,7 +48,21 @@ class Policy:
         pass
 
     def may_proceed(self, clock: int) -> bool:
+        """The policy's rule: may this rank start its next step, as far as the other ranks are concerned?"""
         return True
+
+    @property
+    def max_inflight(self) -> int:
+        return self.cfg.max_inflight
+
+    def blocked_by(self, clock: int) -> Optional[str]:
+        """Why this rank may not start its next step: "comm" while more than max_inflight of its own pushes have
+        not come back in a tick (a parameter-server worker reads weights that include its own updates; without
+        this bound a fast rank would pile up gradients computed on the same stale weights), "wait" while the
+        policy's rule holds it back for other ranks, None when it may go."""
+        if clock - int(self.engine.view.clocks[self.rank]) > self.max_inflight:
+            return "comm"
+        return None if self.may_proceed(clock) else "wait"
 
     def on_proceed(self, clock: int):
         gap = self.own_gap(clock)
@@ -64,7 +81,197 @@ class Asp(Policy):
     name = "asp"
 
 
-POLICIES: Dict[str, Type[Policy]] = {cls.name: cls for cls in (Asp,)}
+def server_clocks(view, rank: int, own_clock: int):
+    """The clocks a staleness rule compares, as a parameter server would hold them: every rank's clock as delivered
+    by the ticks (rank included), plus one extra entry (index n) for this rank's own clock, which counts the pushes
+    the ticks have not delivered yet. Staleness of entry n = own clock - min over delivered clocks, so a rank never
+    runs ahead of updates it has not seen applied -- its own included (that is what makes s = 0 exactly BSP).
+    A rank that has finished training pushes nothing more, so it no longer holds anyone back: its entry reads as
+    the largest clock present."""
+    clocks = [int(c) for c in view.clocks] + [int(own_clock)]
+    if view.finished.any():
+        top = max(clocks)
+        clocks = [top if q < view.size and view.finished[q] else c for q, c in enumerate(clocks)]
+    return clocks
+
+
+def observed_clocks(view, rank: int, own_clock: int, own_last_ns: int, own_interval_ns: int):
+    """A native WorkerClocks of n + 1 entries built from the tick stream, laid out as server_clocks()."""
+    n = view.size
+    clocks = server_clocks(view, rank, own_clock)
+    wc = _native.WorkerClocks(n + 1)
+    for q in range(n):
+        wc.observe(q, clocks[q], int(view.last_push_ns[q]), int(view.interval_ns[q]))
+    wc.observe(n, clocks[n], int(own_last_ns), int(own_interval_ns))
+    return wc
+
+
+class Ssp(Policy):
+    """Stale synchronous parallel (Ho et al. 2013): start a step only while own clock - slowest clock <= s."""
+
+    name = "ssp"
+
+    def may_proceed(self, clock: int) -> bool:
+        view = self.engine.view
+        return _native.ssp_may_proceed(server_clocks(view, self.rank, clock), view.size, self.cfg.staleness)
+
+
+class Dssp(Policy):
+    """Dynamic SSP (Zhao et al. 2019): within s_L like SSP; beyond it the fastest rank earns credits from the
+    SyncController so it keeps going when waiting would not pay; never beyond s_U."""
+
+    name = "dssp"
+
+    def attach(self, engine):
+        super().attach(engine)
+        # One state of n + 1 entries (see server_clocks); only this rank's entry (n) is ever asked about.
+        self.state = _native.DsspState(engine.size + 1, self.cfg.dssp_lower, self.cfg.dssp_upper)
+        self.admitted: Optional[bool] = None
+
+    def _clocks(self, clock):
+        t = self.engine.ticker
+        return observed_clocks(self.engine.view, self.rank, clock, t.last_push_ns, t.interval_ns)
+
+    def on_push(self, clock: int):
+        self.admitted = None    # decided at the first gate check, once this push's ticks are pulled
+
+    def may_proceed(self, clock: int) -> bool:
+        n = self.engine.size
+        if self.admitted is None:
+            self.admitted = self.state.on_push(self._clocks(clock), n)
+            return self.admitted
+        return self.admitted or self.state.may_resume(self._clocks(clock), n)
+
+    def finish(self):
+        super().finish()
+        self.engine.telemetry.counters.update({"dssp_grants": self.state.grants, "dssp_refusals": self.state.refusals})
+
+
+class Zipline(Policy):
+    """ElasticBSP with ZipLine barriers (Zhao et al. 2019): supersteps of free running, each ended by a full
+    barrier placed where the predicted wait is least, at most R (lookahead) iterations after the previous one.
+
+    Superstep: starts at clocks B (identical on every rank: taken from the barrier tick). Once every rank has
+    pushed in it, the first tick that shows so fixes the barrier: ZipLine over each rank's predicted next pushes
+    e_q[i] = last_q + i * I_q, i = 1..L, L = R - (iterations already run by the most advanced rank), gives j_q and
+    targets T_q = clock_q + j_q. The barrier completes at the first tick where every clock_q >= T_q. A rank never
+    runs more than R iterations in a superstep: without a decision it stops at B_q + R (then, L = 0, every rank
+    stops where it is: a forced barrier). All of it is a function of the tick stream, so every rank agrees."""
+
+    name = "zipline"
+
+    def attach(self, engine):
+        super().attach(engine)
+        n = engine.size
+        self.R = self.cfg.lookahead
+        self.start = np.zeros(n, np.int64)     # B_q
+        self.targets: Optional[np.ndarray] = None
+        self.barriers = 0
+        self.forced = 0
+        self.max_superstep = 0
+        self.spreads_ns = []
+        self.digest = 0
+
+    def on_tick(self, tick, view):
+        if view.finished.any():
+            # A rank that finished pushes nothing more: no barrier can include it; the final barrier (finish) ends
+            # the last superstep instead.
+            return
+        if self.targets is None:
+            ran = view.clocks - self.start
+            if (ran >= 1).all() and (view.interval_ns >= 0).all():
+                lookahead = int(self.R - ran.max())
+                if lookahead >= 1:
+                    b = _native.zipline_barrier_from_intervals(view.last_push_ns.tolist(), view.interval_ns.tolist(),
+                                                               lookahead)
+                    self.targets = view.clocks + np.asarray(b.iterations, np.int64)
+                    self.spreads_ns.append(int(b.spread_ns))
+                else:   # no room left for a prediction (always so with R = 1, which is BSP): stop here
+                    self.targets = view.clocks.copy()
+                    self.forced += 1
+        if self.targets is not None and (view.clocks >= self.targets).all():
+            self.max_superstep = max(self.max_superstep, int((view.clocks - self.start).max()))
+            self.start = view.clocks.copy()
+            self.targets = None
+            self.barriers += 1
+            # Replica check: every rank's weights right after the barrier tick (identical by construction).
+            w = self.engine.read_params()
+            self.digest = zlib.crc32(np.ascontiguousarray(w).tobytes(), self.digest)
+
+    def may_proceed(self, clock: int) -> bool:
+        if self.engine.view.finished.any():   # the job is ending: run free, the final barrier will follow
+            return True
+        own_start = int(self.start[self.rank])
+        if self.targets is not None:
+            return clock < int(self.targets[self.rank]) and clock - own_start < self.R
+        return clock - own_start < self.R
+
+    def finish(self):
+        super().finish()
+        spreads = self.spreads_ns
+        self.engine.telemetry.counters.update({
+            "barriers": self.barriers, "barriers_without_prediction": self.forced, "max_iterations_between_barriers":
+            self.max_superstep, "barrier_digest": self.digest,
+            "mean_predicted_wait_ms": round(float(np.mean(spreads)) / 1e6, 3) if spreads else 0.0})
+
+
+class Wbsp(Policy):
+    """Worker-busy synchronous parallel (Yang et al. 2024): every rank trains its own copy and uploads each step's
+    model delta; the global model W (W += delta / n) is published only at ticks where it holds an upload of the
+    slowest rank newer than the last published one, and a rank downloads it at its next step boundary once the
+    slowest has uploaded since its last download (native WbspState). The slowest rank is measured (longest latest
+    iteration time), so it may change during a run; publishing on "the current slowest's latest upload is in W"
+    keeps every download consistent even then. Fast ranks never wait for slow ones: with overlap a rank has at
+    most one upload in flight, without it none (it waits for its own upload to land: communication)."""
+
+    name = "wbsp"
+    kind = "delta"
+
+    @property
+    def max_inflight(self) -> int:
+        return 1 if self.cfg.wbsp_overlap else 0   # overlap: the upload of step k travels while step k+1 computes
+
+    def attach(self, engine):
+        super().attach(engine)
+        n = engine.size
+        self.state = _native.WbspState(n)
+        self.slowest = -1
+        self.publishes = 0
+        self.published_clocks = np.zeros(n, np.int64)    # uploads of each rank inside the published model
+        self.downloaded_clocks = np.zeros(n, np.int64)   # ... inside the model this rank downloaded last
+        self.stale_downloads = 0   # downloads that brought no new upload of the slowest: must stay 0 (invariant 7)
+
+    def on_tick(self, tick, view):
+        uploaded = [q for q in range(view.size) if tick.meta[q, COUNT] > 0]
+        for q in uploaded:
+            self.state.on_upload(q)
+        wc = _native.WorkerClocks(view.size)
+        for q in range(view.size):
+            wc.observe(q, int(view.clocks[q]), int(view.last_push_ns[q]), int(view.interval_ns[q]))
+        self.slowest = wc.slowest_by_interval()
+        fresh = (view.clocks[self.slowest] > self.published_clocks[self.slowest]) if self.slowest >= 0 \
+            else bool(uploaded)
+        if fresh:
+            self.engine.publish()
+            self.publishes += 1
+            self.published_clocks = view.clocks.copy()
+
+    def on_proceed(self, clock: int):
+        super().on_proceed(clock)
+        if self.state.may_download(self.rank, self.slowest):
+            if self.slowest >= 0 and self.published_clocks[self.slowest] <= self.downloaded_clocks[self.slowest]:
+                self.stale_downloads += 1
+            self.downloaded_clocks = self.published_clocks.copy()
+            self.engine.download()
+            self.state.on_download(self.rank)
+
+    def finish(self):
+        super().finish()
+        self.engine.telemetry.counters.update({"wbsp_publishes": self.publishes, "wbsp_slowest_rank": self.slowest,
+                                               "wbsp_stale_downloads": self.stale_downloads})
+
+
+POLICIES: Dict[str, Type[Policy]] = {cls.name: cls for cls in (Asp, Ssp, Dssp, Zipline, Wbsp)}
 
 
 def make_policy(cfg) -> Policy:

@@ -26,6 +26,28 @@ import numpy as np
 # Metadata columns, one row per rank (int64).
 COUNT, CLOCK, LAST_PUSH_NS, INTERVAL_NS, FINISHED, SEQ = range(6)
 META_COLUMNS = 6
+# The metadata travels in the same buffer as the update (one allreduce, one dtype: Horovod only fuses tensors of
+# one dtype, and on Gloo every extra collective costs milliseconds). Each int64 (all values are >= -1) is stored
+# as value + 1 in four 16-bit pieces, which float32 and float64 hold exactly; one rank fills each row and the
+# others add zeros, so the Sum returns every piece exactly.
+_PIECES = 4
+_BASE = 1 << 16
+
+
+def encode_meta(meta: np.ndarray, out: np.ndarray):
+    v = meta.astype(np.int64).ravel() + 1
+    if (v < 0).any() or (v >= (1 << 62)).any():
+        raise ValueError("tick metadata out of range")
+    for k in range(_PIECES):
+        out[k::_PIECES] = (v >> (16 * k)) & (_BASE - 1)
+
+
+def decode_meta(words: np.ndarray, size: int) -> np.ndarray:
+    pieces = np.rint(words).astype(np.int64)
+    v = np.zeros(size * META_COLUMNS, np.int64)
+    for k in range(_PIECES):
+        v += pieces[k::_PIECES] << (16 * k)
+    return (v - 1).reshape(size, META_COLUMNS)
 
 
 class Tick:
@@ -55,7 +77,8 @@ class Ticker:
         self._allreduce_sum = allreduce_sum
         self.tick_s, self.max_idle_s, self.epoch_ns = tick_s, max(max_idle_s, tick_s), epoch_ns
         self._lock = threading.Condition()
-        self._pending = np.zeros(numel, self.dtype)
+        self._meta_words = size * META_COLUMNS * _PIECES
+        self._pending = np.zeros(numel + self._meta_words, self.dtype)   # [update | encoded metadata]
         self._pending_count = 0
         self._clock = 0
         self._last_push_ns = -1
@@ -82,7 +105,7 @@ class Ticker:
             self._check()
             if self._finished:
                 raise TickerError("push after finish()")
-            np.add(self._pending, update, out=self._pending)
+            np.add(self._pending[:self.numel], update, out=self._pending[:self.numel])
             self._pending_count += 1
             self._clock += 1
             self._last_push_ns = self.now_ns()
@@ -92,6 +115,14 @@ class Ticker:
     @property
     def clock(self) -> int:
         return self._clock
+
+    @property
+    def last_push_ns(self) -> int:
+        return self._last_push_ns
+
+    @property
+    def interval_ns(self) -> int:
+        return self._interval_ns
 
     def all_delivered(self) -> bool:
         """True when every update this rank pushed is inside a completed tick."""
@@ -143,22 +174,24 @@ class Ticker:
                             self._lock.wait(wait)
                 last = time.monotonic()
                 with self._lock:
-                    send, self._pending = self._pending, np.zeros(self.numel, self.dtype)
+                    send, self._pending = self._pending, np.zeros(self.numel + self._meta_words, self.dtype)
                     count, self._pending_count = self._pending_count, 0
-                    meta = np.zeros((self.size, META_COLUMNS), np.int64)
+                    meta = np.full((self.size, META_COLUMNS), -1, np.int64)   # encodes to zeros
                     meta[self.rank] = (count, self._clock, self._last_push_ns, self._interval_ns,
                                        int(self._finished), index)
+                    encode_meta(meta, send[self.numel:])
                 t0 = time.perf_counter()
-                self._allreduce_sum([send, meta], "hvd_elastic.tick")
+                self._allreduce_sum([send], "hvd_elastic.tick")
                 dt = time.perf_counter() - t0
+                meta = decode_meta(send[self.numel:], self.size)
                 if not (meta[:, SEQ] == index).all():
                     raise TickerError(f"ranks are out of step at tick {index}: {meta[:, SEQ].tolist()}")
                 total = int(meta[:, COUNT].sum())
-                tick = Tick(index, send if total else None, meta, dt)
+                tick = Tick(index, send[:self.numel] if total else None, meta, dt)
                 with self._lock:
                     self.ticks += 1
                     self.comm_s += dt
-                    self.bytes_reduced += send.nbytes + meta.nbytes
+                    self.bytes_reduced += send.nbytes
                     if total:
                         self.nonempty_ticks += 1
                     self._delivered_clock = int(meta[self.rank, CLOCK])

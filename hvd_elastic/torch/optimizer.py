@@ -250,6 +250,18 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     return opt
 
 
+def global_steps(optimizer) -> int:
+    """Steps taken by all ranks together, as far as this rank knows (exact under bsp; under relaxed policies the
+    delivered clocks of the others plus this rank's own steps). Loop on it to train for a global step budget."""
+    session = getattr(optimizer, "_hvd_elastic", None)
+    if session is None:
+        raise TypeError("global_steps() takes an optimizer made by hvd_elastic.torch.DistributedOptimizer")
+    if session.engine is None:
+        return session.telemetry.steps * session.size
+    view, own = session.engine.view, session.engine.ticker.clock
+    return int(view.clocks.sum() - view.clocks[session.rank] + own)
+
+
 def finish(optimizer) -> Dict[str, Any]:
     """Collective end of training: deliver and apply every pushed update, leave all ranks with identical weights,
     and report. Returns the report (a dict) on every rank; rank 0 prints it unless HVD_ELASTIC_REPORT=0."""

@@ -1,0 +1,91 @@
+"""Worker: train under the policy in HVD_ELASTIC_POLICY and write what the invariants need, per rank.
+
+--mode degenerate: synthetic data, plain SGD; trains first with horovod.torch.DistributedOptimizer (BSP reference)
+                   then with hvd_elastic; writes both weight vectors.
+--mode train:      scikit-learn digits, ranks loop until the global number of steps reaches a target; writes the
+                   test accuracy, a hash of the final weights and the end-of-run report.
+"""
+import argparse
+import hashlib
+import json
+import os
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import hvd_elastic.torch as hvde
+
+
+def flat(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
+
+
+def degenerate(out_dir, steps):
+    def run(make_opt):
+        torch.manual_seed(7)
+        model = torch.nn.Sequential(torch.nn.Linear(20, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+        opt = make_opt(torch.optim.SGD(model.parameters(), lr=0.2), model)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        g = torch.Generator().manual_seed(5 + hvd.rank())
+        for _ in range(steps):
+            x, y = torch.randn(8, 20, generator=g), torch.randint(0, 4, (8,), generator=g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        return opt, flat(model)
+
+    _, w_ref = run(lambda o, m: hvd.DistributedOptimizer(o, named_parameters=m.named_parameters()))
+    opt, w = run(lambda o, m: hvde.DistributedOptimizer(o, named_parameters=m.named_parameters()))
+    report = hvde.finish(opt)
+    return {"w_ref": w_ref.astype(np.float64).tolist(), "w": w.astype(np.float64).tolist(), "report": report}
+
+
+def train(out_dir, target_global_steps, batch):
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
+    x_tr, y_tr = torch.from_numpy(x_tr), torch.from_numpy(y_tr)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    opt = hvde.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5),
+                                    named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    g = torch.Generator().manual_seed(100 + hvd.rank())
+    steps = 0
+    while hvde.global_steps(opt) < target_global_steps:
+        idx = torch.randint(0, len(x_tr), (batch,), generator=g)
+        opt.zero_grad()
+        F.cross_entropy(model(x_tr[idx]), y_tr[idx]).backward()
+        opt.step()
+        steps += 1
+    report = hvde.finish(opt)
+    w = flat(model)
+    with torch.no_grad():
+        acc = (model(torch.from_numpy(x_te)).argmax(1).numpy() == y_te).mean()
+    return {"accuracy": float(acc), "weights_sha256": hashlib.sha256(w.tobytes()).hexdigest(),
+            "local_steps": steps, "report": report}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_dir")
+    ap.add_argument("--mode", choices=["degenerate", "train"], required=True)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--target", type=int, default=400)
+    ap.add_argument("--batch", type=int, default=16)
+    args = ap.parse_args()
+    hvd.init()
+    torch.set_num_threads(1)
+    out = degenerate(args.out_dir, args.steps) if args.mode == "degenerate" else \
+        train(args.out_dir, args.target, args.batch)
+    out["rank"] = hvd.rank()
+    with open(os.path.join(args.out_dir, f"rank{hvd.rank()}.json"), "w") as f:
+        json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()

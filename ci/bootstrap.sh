@@ -33,7 +33,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   log "installing Debian packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >&2
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >"$CACHE/logs/apt.log" 2>&1 \
+    || { log "apt-get install failed; see $CACHE/logs/apt.log"; tail -20 "$CACHE/logs/apt.log" >&2; exit 1; }
 fi
 
 # --- 2. The virtual environment with the pinned stack. ---------------------------------------------------------------
@@ -45,8 +46,10 @@ PY="$VENV/bin/python"
 STAMP="$VENV/.requirements-ok"
 if [ ! -e "$STAMP" ] || ! cmp -s "$REQ" "$STAMP"; then
   log "installing pinned requirements (torch CPU, tensorflow-cpu, mpi4py, ...)"
-  "$PY" -m pip install -q --upgrade pip >&2
-  "$PY" -m pip install -q -r "$REQ" >&2
+  "$PY" -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  "$PY" -m pip install -q -r "$REQ" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  "$PY" -c "import torch, tensorflow, mpi4py, pybind11, pytest, hypothesis, sklearn" \
+    || { log "pinned requirements did not install"; exit 1; }
   cp "$REQ" "$STAMP"
 fi
 
@@ -61,7 +64,8 @@ if ! "$PY" -c 'import horovod, sys; sys.exit(0 if horovod.__version__ == "'$HORO
   if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
     log "building Horovod $HOROVOD_VERSION wheel (a few minutes; cached in $WHEEL_DIR)"
     BUILD="$(mktemp -d)"
-    "$PY" -m pip download -q --no-deps --no-binary :all: -d "$BUILD" "horovod==$HOROVOD_VERSION" >&2
+    "$PY" -m pip download -q --no-deps --no-binary :all: -d "$BUILD" "horovod==$HOROVOD_VERSION" 2>&1 \
+      | grep -v "^WARNING: Location" >&2 || true
     tar -xzf "$BUILD"/horovod-$HOROVOD_VERSION.tar.gz -C "$BUILD"
     SRC="$BUILD/horovod-$HOROVOD_VERSION"
     # Fix 1: PyTorch >= 2.1 headers require C++17; Horovod 0.28.1 compiles as C++14 (fixed on master, PR #3998,
@@ -82,11 +86,12 @@ if ! "$PY" -c 'import horovod, sys; sys.exit(0 if horovod.__version__ == "'$HORO
   else
     log "using cached Horovod wheel $WHEEL_DIR"
   fi
-  "$PY" -m pip install -q --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl >&2
+  "$PY" -m pip install -q --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  "$PY" -c "import horovod.torch, horovod.tensorflow" || { log "Horovod did not install"; exit 1; }
 fi
 
 # --- 4. hvd-elastic itself (editable; compiles native/ into hvd_elastic._native). ------------------------------------
 log "building hvd-elastic (native scheduler)"
-( cd "$ROOT" && "$PY" -m pip install -q --no-deps --no-build-isolation -e . ) >&2 \
-  || { log "pip install -e . failed"; exit 1; }
+( cd "$ROOT" && "$PY" -m pip install -q --no-deps --no-build-isolation -e . ) >"$CACHE/logs/hvd-elastic-build.log" 2>&1 \
+  || { log "pip install -e . failed; see $CACHE/logs/hvd-elastic-build.log"; tail -30 "$CACHE/logs/hvd-elastic-build.log" >&2; exit 1; }
 echo "VENV=$VENV"

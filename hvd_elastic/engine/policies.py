@@ -248,7 +248,9 @@ class Wbsp(Policy):
         wc = _native.WorkerClocks(view.size)
         for q in range(view.size):
             wc.observe(q, int(view.clocks[q]), int(view.last_push_ns[q]), int(view.interval_ns[q]))
-        self.slowest = wc.slowest_by_interval()
+        # While any rank's iteration time is unmeasured nobody can be named slowest: -1 makes the gate wait for
+        # every rank's upload (a safe, BSP-like start).
+        self.slowest = wc.slowest_by_interval() if (view.interval_ns >= 0).all() else -1
         fresh = (view.clocks[self.slowest] > self.published_clocks[self.slowest]) if self.slowest >= 0 \
             else bool(uploaded)
         if fresh:

@@ -198,8 +198,13 @@ def _build_relaxed(optimizer, session: _Session, compression, op, gradient_predi
     params = [p for g in optimizer.param_groups for p in g["params"]]
     flat = _FlatParams(params)
     base = optimizer.__class__
+    # __module__: horovod.torch.broadcast_optimizer_state() initialises an empty optimizer state with a dummy
+    # step(); for classes from Horovod's optimizer module it calls the wrapped optimizer's own step instead. Ours
+    # must be treated the same way: a dummy step through the engine would push an update and, depending on when
+    # each rank applies ticks, leave ranks with differently shaped state (and the broadcast would hang).
     cls = type(base.__name__, (base,), {"step": _relaxed_step, "synchronize": _no_synchronize,
-                                        "skip_synchronize": _skip_synchronize})
+                                        "skip_synchronize": _skip_synchronize,
+                                        "__module__": hvd.DistributedOptimizer.__module__})
     optimizer.__class__ = cls   # same object, same state; only step() changes
     optimizer._hvd_elastic_flat = flat
     optimizer._hvd_elastic_inner_step = types.MethodType(base.step, optimizer)

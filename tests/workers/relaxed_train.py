@@ -9,6 +9,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 
 import horovod.torch as hvd
 import numpy as np
@@ -56,7 +57,10 @@ def train(out_dir, target_global_steps, batch):
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     g = torch.Generator().manual_seed(100 + hvd.rank())
     steps = 0
+    die_at = int(os.environ.get("TEST_KILL_RANK_AT_STEP", "-1"))
     while hvde.global_steps(opt) < target_global_steps:
+        if hvd.rank() == hvd.size() - 1 and steps == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)     # a rank dies mid-run, without a word
         idx = torch.randint(0, len(x_tr), (batch,), generator=g)
         opt.zero_grad()
         F.cross_entropy(model(x_tr[idx]), y_tr[idx]).backward()

@@ -1,0 +1,22 @@
+"""Invariant 8 (run-time part): a rank killed mid-run ends the job everywhere, non-zero, named, within a bound."""
+import re
+
+import pytest
+
+from launch import LAUNCHERS, launch
+
+BOUND_S = 120
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_killed_rank_stops_every_rank_with_a_message_naming_it(launcher, tmp_path):
+    res = launch(launcher, 3, "tests/workers/relaxed_train.py", [tmp_path, "--mode", "train", "--target", "100000"],
+                 env={"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_EMULATE_DELAY": "*:0.002",
+                      "TEST_KILL_RANK_AT_STEP": "30"}, timeout=BOUND_S + 60)
+    assert not res.timed_out, "the job hung after a rank died:\n" + res.output[-3000:]
+    assert res.elapsed < BOUND_S, res.elapsed
+    assert res.returncode != 0
+    # The launcher names the dead rank (rank 2 of 3 was killed by signal 9).
+    named = re.search(r"(rank 2 .*(signal 9|Killed|exited))|(Process name: 2)|(\[\[\d+,1\],2\].*\n.*Exit code)|"
+                      r"(Killed.*rank 2)", res.output)
+    assert named or "rank 2" in res.output, res.output[-3000:]

@@ -91,6 +91,14 @@ if ! "$PY" -c 'import horovod, sys; sys.exit(0 if horovod.__version__ == "'$HORO
 fi
 
 # --- 4. hvd-elastic itself (editable; compiles native/ into hvd_elastic._native). ------------------------------------
+# Skipped when this checkout's compiled module is newer than every native source and setup.py. (Tests and the
+# launched ranks put this checkout first on sys.path, so an editable install made from another clone is harmless.)
+SO="$(ls "$ROOT"/hvd_elastic/_native*.so 2>/dev/null | head -1 || true)"
+if [ -n "$SO" ] && [ -z "$(find "$ROOT/native" "$ROOT/setup.py" -newer "$SO" -type f | head -1)" ] \
+   && "$PY" -c "import sys; sys.path.insert(0, '$ROOT'); import hvd_elastic._native" 2>/dev/null; then
+  echo "VENV=$VENV"
+  exit 0
+fi
 log "building hvd-elastic (native scheduler)"
 ( cd "$ROOT" && "$PY" -m pip install -q --no-deps --no-build-isolation -e . ) >"$CACHE/logs/hvd-elastic-build.log" 2>&1 \
   || { log "pip install -e . failed; see $CACHE/logs/hvd-elastic-build.log"; tail -30 "$CACHE/logs/hvd-elastic-build.log" >&2; exit 1; }

@@ -104,6 +104,20 @@ def _per_rank(minimum):
     return parse
 
 
+def _per_rank_int(minimum):
+    """Like _per_rank, with whole numbers: '*:64,3:16' -> {'*': 64, 3: 16}."""
+    floats = _per_rank(minimum)
+
+    def parse(raw: str, knob: Knob):
+        out = {}
+        for key, v in floats(raw, knob).items():
+            if v != int(v):
+                raise ValueError
+            out[key] = int(v)
+        return out
+    return parse
+
+
 KNOBS = (
     Knob("policy", "bsp", _choice(POLICIES), "|".join(POLICIES),
          "Synchronization model. bsp is exactly Horovod's behaviour."),
@@ -119,6 +133,12 @@ KNOBS = (
          "Iteration-time predictor used by zipline, dssp and lbbsp.", ("zipline", "dssp", "lbbsp")),
     Knob("lbbsp_mode", "cpu", _choice(LBBSP_MODES), "|".join(LBBSP_MODES),
          "lbbsp: cpu (sizes proportional to throughput) or gpu (step moves with memory caps).", ("lbbsp",)),
+    Knob("global_batch", 0, _int(1), "integer >= the number of ranks",
+         "lbbsp: global batch B, the fixed sum of the per-rank batch sizes; required by lbbsp (0: unset).",
+         ("lbbsp",)),
+    Knob("lbbsp_caps", {}, _per_rank_int(1), "'*:SAMPLES,RANK:SAMPLES,...' with whole SAMPLES >= 1",
+         "lbbsp: most samples a rank may take per step (memory), for every rank (*) and/or named ranks.",
+         ("lbbsp",)),
     Knob("wbsp_overlap", False, _bool, "0|1",
          "wbsp: upload each step from a communication thread while the next step computes.", ("wbsp",)),
     Knob("tick_ms", 1.0, _float(0.0, exclusive=True), "number > 0",
@@ -131,6 +151,9 @@ KNOBS = (
          "Emulated straggler: extra sleep per step, for every rank (*) and/or named ranks."),
     Knob("emulate_slowdown", {}, _per_rank(1.0), "'*:FACTOR,RANK:FACTOR,...' with FACTOR >= 1",
          "Emulated straggler: a rank's compute takes FACTOR times as long (the extra is slept)."),
+    Knob("emulate_sample_delay", {}, _per_rank(0.0), "'*:SECONDS,RANK:SECONDS,...' with SECONDS >= 0",
+         "Emulated straggler: extra sleep per sample of the rank's batch (lbbsp, where batch sizes differ).",
+         ("lbbsp",)),
     Knob("report", True, _bool, "0|1",
          "Rank 0 prints the per-rank time breakdown at the end of the run."),
     Knob("report_json", "", _text, "a file path, or empty",
@@ -148,11 +171,14 @@ class Config:
     lookahead: int = 15
     predictor: str = "last"
     lbbsp_mode: str = "cpu"
+    global_batch: int = 0
+    lbbsp_caps: Mapping[Any, int] = dataclasses.field(default_factory=dict)
     wbsp_overlap: bool = False
     tick_ms: float = 1.0
     max_inflight: int = 2
     emulate_delay: Mapping[Any, float] = dataclasses.field(default_factory=dict)
     emulate_slowdown: Mapping[Any, float] = dataclasses.field(default_factory=dict)
+    emulate_sample_delay: Mapping[Any, float] = dataclasses.field(default_factory=dict)
     report: bool = True
     report_json: str = ""
 
@@ -161,14 +187,16 @@ class Config:
         """Parse the environment (default ``os.environ``) and keyword overrides; raise ConfigError on bad input."""
         return parse_settings(raw_settings(environ, overrides))
 
-    def per_rank(self, name: str, rank: int, size: int) -> float:
-        """Value of a per-rank knob (emulate_delay / emulate_slowdown) for `rank`; checks ranks exist."""
+    def per_rank(self, name: str, rank: int, size: int, default: Optional[float] = None) -> float:
+        """Value of a per-rank knob (emulate_delay / emulate_slowdown / ...) for `rank`; checks ranks exist."""
         spec = getattr(self, name)
         knob = KNOBS_BY_NAME[name]
         for key in spec:
             if key != "*" and key >= size:
                 raise ConfigError(f"{knob.variable} names rank {key} but the job has {size} ranks (0..{size - 1})")
-        return spec.get(rank, spec.get("*", 0.0 if name == "emulate_delay" else 1.0))
+        if default is None:
+            default = 1.0 if name == "emulate_slowdown" else 0.0
+        return spec.get(rank, spec.get("*", default))
 
     def describe(self) -> Dict[str, Any]:
         """JSON-friendly view of the effective settings."""

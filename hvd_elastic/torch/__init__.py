@@ -14,6 +14,7 @@ Swap one import; choose the policy with ``HVD_ELASTIC_POLICY`` (or the ``policy=
             opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
     # here every rank holds the same weights; rank 0 has printed where the time went
 """
+from .lbbsp import LbbspSampler, batch_sizes
 from .optimizer import DistributedOptimizer, finish, global_steps, training
 
-__all__ = ["DistributedOptimizer", "finish", "global_steps", "training"]
+__all__ = ["DistributedOptimizer", "LbbspSampler", "batch_sizes", "finish", "global_steps", "training"]

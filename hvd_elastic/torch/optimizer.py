@@ -25,7 +25,7 @@ from ..errors import ConfigError, install_excepthook
 from ..telemetry import Telemetry, finish_report
 
 # Policies this frontend can run; the configuration recognises every policy of the design.
-IMPLEMENTED_POLICIES = ("bsp",) + tuple(RELAXED_POLICIES)
+IMPLEMENTED_POLICIES = ("bsp", "lbbsp") + tuple(RELAXED_POLICIES)
 
 
 class _Session:
@@ -40,10 +40,10 @@ class _Session:
         self.engine = None
         self.report = None
 
-    def begin_step(self) -> float:
+    def begin_step(self, samples: int = 0) -> float:
         """Measure this step's compute (since the last step ended) and inject emulated delay; returns compute."""
         compute = time.perf_counter() - self.last_step_end
-        slept = self.straggler.pause(compute)
+        slept = self.straggler.pause(compute, samples)
         self.telemetry.emulated_s += slept
         return compute + slept
 
@@ -247,6 +247,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                                        gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
                                        groups=groups, sparse_as_dense=sparse_as_dense, process_set=process_set)
         opt = _instrument_bsp(opt, session)
+    elif cfg.policy == "lbbsp":
+        from .lbbsp import build_lbbsp
+        opt = build_lbbsp(optimizer, session, compression=compression, op=op,
+                          gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
+                          process_set=process_set, backward_passes_per_step=backward_passes_per_step)
     else:
         opt = _build_relaxed(optimizer, session, compression, op, gradient_predivide_factor, sparse_as_dense,
                              process_set)

@@ -1,0 +1,141 @@
+"""Worker for tests/test_lbbsp.py: train under HVD_ELASTIC_POLICY (lbbsp, or bsp as the baseline) and write, per
+rank, what the invariants need.
+
+--mode check: synthetic data of --samples samples, LbbspSampler through a DataLoader for --epochs epochs; records
+              every step's sizes (all ranks'), this rank's indices per epoch, and on rank 0 the largest difference
+              between the applied (aggregated) gradient and a gradient computed locally over the concatenated
+              global batch.
+--mode train: scikit-learn digits for --steps steps with LbbspSampler (bsp: random batches of B / n per rank);
+              --recover-at K sets this rank's per-sample emulated delay to --recovered-delay from step K on (a
+              straggler that recovers mid-run). Records every step's sizes and the end-of-run report.
+"""
+import argparse
+import copy
+import hashlib
+import json
+import os
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import hvd_elastic.torch as hvde
+
+
+def flat(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
+
+
+def grads(model):
+    return torch.cat([p.grad.detach().flatten() for p in model.parameters()]).numpy()
+
+
+def check(args):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(args.samples, 12, generator=g)
+    y = torch.randint(0, 3, (args.samples,), generator=g)
+    ds = torch.utils.data.TensorDataset(x, y)
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    opt = hvde.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5),
+                                    named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    sampler = hvde.LbbspSampler(len(ds), opt, seed=11, drop_last=not args.pad)
+    loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler)
+    steps, indices, grad_err, checked = [], [], 0.0, 0
+    with hvde.training(opt):
+        for epoch in range(args.epochs):
+            sampler.set_epoch(epoch)
+            order = sampler.order(epoch)
+            mine = []
+            for i, (xb, yb) in enumerate(loader):
+                sizes = hvde.batch_sizes(opt)
+                steps.append({"sizes": sizes, "local": len(xb)})
+                # this rank's indices: the same slice the sampler computed (recomputed here to record them)
+                off = sum(sizes[:hvd.rank()])
+                batch_idx = order[i * sampler.B + off: i * sampler.B + off + sizes[hvd.rank()]]
+                assert torch.equal(x[batch_idx], xb)
+                mine.extend(batch_idx.tolist())
+                ref = None
+                if hvd.rank() == 0:
+                    # reference: one process, the whole global batch, the same weights
+                    m = copy.deepcopy(model)
+                    m.zero_grad()
+                    gb = order[i * sampler.B:(i + 1) * sampler.B]
+                    F.cross_entropy(m(x[gb]), y[gb]).backward()
+                    ref = grads(m)
+                opt.zero_grad()
+                F.cross_entropy(model(xb), yb).backward()
+                opt.step()
+                if ref is not None:
+                    grad_err = max(grad_err, float(np.abs(grads(model) - ref).max()))
+                    checked += 1
+            indices.append(mine)
+    report = opt.finish()
+    return {"steps": steps, "indices": indices, "grad_err": grad_err, "grad_checked": checked,
+            "weights_sha256": hashlib.sha256(flat(model).tobytes()).hexdigest(), "report": report,
+            "len_sampler": len(sampler)}
+
+
+def train(args):
+    from sklearn.datasets import load_digits
+    x, y = load_digits(return_X_y=True)
+    x, y = torch.from_numpy((x / 16.0).astype(np.float32)), torch.from_numpy(y)
+    ds = torch.utils.data.TensorDataset(x, y)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    opt = hvde.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5),
+                                    named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    lbbsp = opt._hvd_elastic.cfg.policy == "lbbsp"
+    B = int(os.environ.get("HVD_ELASTIC_GLOBAL_BATCH", "64"))
+    if lbbsp:
+        loader = torch.utils.data.DataLoader(ds, batch_sampler=hvde.LbbspSampler(len(ds), opt, seed=5))
+    else:
+        g = torch.Generator().manual_seed(100 + hvd.rank())
+        loader = [(x[idx], y[idx]) for idx in torch.randint(0, len(ds), (args.steps, B // hvd.size()), generator=g)]
+    sizes, step = [], 0
+    with hvde.training(opt):
+        while step < args.steps:
+            for xb, yb in loader:
+                if step == args.recover_at:
+                    if lbbsp:
+                        opt._hvd_elastic.straggler.sample_delay_s = args.recovered_delay
+                    else:   # bsp: the same per-sample cost at the even split, as a per-step delay
+                        opt._hvd_elastic.straggler.delay_s = args.recovered_delay * B / hvd.size()
+                sizes.append(hvde.batch_sizes(opt) if lbbsp else [len(xb)] * hvd.size())
+                opt.zero_grad()
+                F.cross_entropy(model(xb), yb).backward()
+                opt.step()
+                step += 1
+                if step >= args.steps:
+                    break
+    report = opt.finish()
+    with torch.no_grad():
+        acc = (model(x).argmax(1) == y).float().mean().item()
+    return {"sizes": sizes, "report": report, "accuracy": acc,
+            "weights_sha256": hashlib.sha256(flat(model).tobytes()).hexdigest()}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_dir")
+    ap.add_argument("--mode", choices=["check", "train"], required=True)
+    ap.add_argument("--samples", type=int, default=480)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--pad", action="store_true", help="drop_last=False")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--recover-at", type=int, default=-1)
+    ap.add_argument("--recovered-delay", type=float, default=0.0)
+    args = ap.parse_args()
+    hvd.init()
+    torch.set_num_threads(1)
+    out = check(args) if args.mode == "check" else train(args)
+    out["rank"] = hvd.rank()
+    with open(os.path.join(args.out_dir, f"rank{hvd.rank()}.json"), "w") as f:
+        json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()

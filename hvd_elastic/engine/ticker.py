@@ -23,6 +23,8 @@ from typing import Callable, Deque, List, Optional
 
 import numpy as np
 
+from ..errors import HvdElasticError
+
 # Metadata columns, one row per rank (int64).
 COUNT, CLOCK, LAST_PUSH_NS, INTERVAL_NS, FINISHED, SEQ = range(6)
 META_COLUMNS = 6
@@ -63,8 +65,8 @@ class Tick:
         return int(self.meta[:, COUNT].sum())
 
 
-class TickerError(RuntimeError):
-    pass
+class TickerError(HvdElasticError):
+    """The tick thread failed (e.g. Horovod shut down because a peer died); raised on the training thread."""
 
 
 class Ticker:

@@ -285,17 +285,20 @@ class LbbspSampler(torch.utils.data.Sampler):
         return self.n // self.B if self.drop_last else -(-self.n // self.B)
 
     def order(self, epoch: int) -> torch.Tensor:
-        """The epoch's shared order of sample indices (identical on every rank)."""
+        """The epoch's shared order of sample indices (identical on every rank); global batch i is positions
+        [i B, (i+1) B). With drop_last=False it is completed to a multiple of B from its own start."""
         if not self.shuffle:
-            return torch.arange(self.n)
-        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch))
+            order = torch.arange(self.n)
+        else:
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch))
+        if not self.drop_last and self.n % self.B:
+            order = torch.cat([order, order[:self.B - self.n % self.B]])
+        return order
 
     def __iter__(self):
         epoch = self.epoch
         self._epoch_set = False
         order = self.order(epoch)
-        if not self.drop_last and self.n % self.B:
-            order = torch.cat([order, order[:self.B - self.n % self.B]])
         ctl = self.ctl
         for i in range(len(self)):
             if ctl.drawn is not None and ctl.drawn_at == ctl.steps:

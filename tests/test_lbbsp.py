@@ -1,0 +1,135 @@
+"""LB-BSP on real multi-rank runs (invariant 6 of architecture.md; issue 6, PyTorch half).
+
+- every step's batch sizes sum to the global batch B (recorded by every rank: every rank sees the same sizes);
+- within an epoch every sample is processed exactly once across ranks (every rank records its indices);
+- the applied gradient equals one process's gradient over the same global batch (rank 0 recomputes it);
+- under a 3x straggler (per-sample emulated delay) the sizes approach the speed ratio and the fast ranks' wait
+  share falls well below bsp's with the same straggler; when the straggler recovers the sizes follow;
+- bad input (B below the number of ranks, caps that cannot hold B, a dataset smaller than B) stops every rank with
+  one line.
+Speeds come from sleeps (HVD_ELASTIC_EMULATE_SAMPLE_DELAY), so 4 ranks on 2 cores behave like workers of different
+speeds; assertions on speed are coarse and relative.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from hvd_elastic.config import Config
+from hvd_elastic.errors import ConfigError
+from hvd_elastic.torch.lbbsp import check_settings
+from launch import launch
+from test_bad_input import _assert_every_rank_failed_with
+
+
+def _ranks(path, n):
+    return [json.load(open(os.path.join(path, f"rank{r}.json"))) for r in range(n)]
+
+
+def _run(launcher, np_, args, env, tmp_path, timeout=240):
+    res = launch(launcher, np_, "tests/workers/lbbsp_train.py", [tmp_path, *args], env=env, timeout=timeout)
+    assert res.returncode == 0 and not res.timed_out, res.output[-4000:]
+    return _ranks(tmp_path, np_)
+
+
+CHECK = {  # launcher, ranks, B, samples, extra env, extra args
+    "cpu_mpirun": ("mpirun", 3, 48, 480, {"HVD_ELASTIC_PREDICTOR": "ewma"}, []),
+    # gpu mode, caps, and a dataset that is not a multiple of B with padding (drop_last=False)
+    "gpu_caps_pad_horovodrun": ("horovodrun", 3, 48, 500,
+                                {"HVD_ELASTIC_LBBSP_MODE": "gpu", "HVD_ELASTIC_LBBSP_CAPS": "*:30,1:20"}, ["--pad"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHECK))
+def test_sizes_sum_to_B_each_sample_once_per_epoch_and_gradient_is_the_global_batch_gradient(case, tmp_path):
+    launcher, n, B, samples, env, extra = CHECK[case]
+    env = {"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_GLOBAL_BATCH": str(B),
+           "HVD_ELASTIC_EMULATE_SAMPLE_DELAY": "*:0.0003,2:0.001", **env}
+    epochs = 2
+    ranks = _run(launcher, n, ["--mode", "check", "--samples", samples, "--epochs", epochs, *extra], env, tmp_path)
+    steps_per_epoch = -(-samples // B) if "--pad" in extra else samples // B
+    caps = [20 if p == 1 else 30 for p in range(n)] if "CAPS" in str(env) else [B] * n
+    for r in ranks:
+        assert len(r["steps"]) == epochs * steps_per_epoch == epochs * r["len_sampler"]
+        assert [s["sizes"] for s in r["steps"]] == [s["sizes"] for s in ranks[0]["steps"]]   # same on every rank
+        for s in r["steps"]:
+            assert sum(s["sizes"]) == B, s                                   # invariant 6: sum is B, every step
+            assert all(1 <= b <= c for b, c in zip(s["sizes"], caps)), s
+            assert s["local"] == s["sizes"][r["rank"]]                       # the loader gave what was decided
+    sizes = np.array([s["sizes"] for s in ranks[0]["steps"]])
+    assert len({tuple(s) for s in sizes}) > 1, "the sizes never changed"
+    assert sizes[-5:, 2].mean() < sizes[-5:, :2].mean(axis=1).min(), sizes[-5:]   # rank 2 is the slow one
+    for e in range(epochs):
+        seen = sorted(i for r in ranks for i in r["indices"][e])
+        if "--pad" in extra:   # every sample at least once; the last global batch is completed from the start
+            assert set(seen) == set(range(samples)) and len(seen) == steps_per_epoch * B
+        else:                  # every sample exactly once
+            assert seen == list(range(samples))
+    assert ranks[0]["grad_checked"] == epochs * steps_per_epoch
+    assert ranks[0]["grad_err"] < 1e-6, ranks[0]["grad_err"]
+    assert len({r["weights_sha256"] for r in ranks}) == 1
+    counters = [r["report"]["ranks"][r["rank"]]["counters"] for r in ranks]
+    assert all(c["lbbsp_sizes"] == list(sizes[-1]) or c["lbbsp_resizes"] >= 0 for c in counters)
+    assert counters[2]["lbbsp_size_min"] < B // n < counters[0]["lbbsp_size_max"]
+
+
+STEPS, RECOVER = 240, 120
+FAST, SLOW = 0.0005, 0.0015          # seconds per sample: rank 3 is 3x slower until it recovers
+
+
+def test_straggler_sizes_follow_speed_ratio_then_recovery_and_fast_ranks_stop_waiting(tmp_path):
+    args = ["--mode", "train", "--steps", STEPS, "--recover-at", RECOVER, "--recovered-delay", FAST]
+    lb_dir, bsp_dir = tmp_path / "lbbsp", tmp_path / "bsp"
+    lb_dir.mkdir(), bsp_dir.mkdir()
+    lb = _run("mpirun", 4, args, {"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_GLOBAL_BATCH": "64",
+                                  "HVD_ELASTIC_PREDICTOR": "ewma",
+                                  "HVD_ELASTIC_EMULATE_SAMPLE_DELAY": f"*:{FAST},3:{SLOW}"}, lb_dir)
+    # bsp baseline: the same per-sample costs at the even split (16 samples a rank), as per-step delays
+    bsp = _run("mpirun", 4, args, {"HVD_ELASTIC_POLICY": "bsp", "HVD_ELASTIC_GLOBAL_BATCH": "64",
+                                   "HVD_ELASTIC_EMULATE_DELAY": f"*:{16 * FAST},3:{16 * SLOW}"}, bsp_dir)
+    sizes = np.array(lb[0]["sizes"])
+    assert all(r["sizes"] == lb[0]["sizes"] for r in lb)
+    assert (sizes.sum(axis=1) == 64).all()
+    assert len({r["weights_sha256"] for r in lb}) == 1
+    # Slow phase: speed ratio 3:3:3:1 means 19.2 / 6.4 samples; the fixed per-step costs pull towards the even 16.
+    slow = sizes[RECOVER - 40:RECOVER].mean(axis=0)
+    assert slow[3] < 10 and slow[:3].min() > 17, slow
+    # After the recovery the straggler's share grows back towards the even split.
+    recovered = sizes[-40:].mean(axis=0)
+    assert recovered[3] > 12 and recovered[:3].max() < 20, recovered
+    lb_wait = [r["wait_share"] for r in lb[0]["report"]["ranks"]]
+    bsp_wait = [r["wait_share"] for r in bsp[0]["report"]["ranks"]]
+    assert max(lb_wait[:3]) < 0.6 * min(bsp_wait[:3]), (lb_wait, bsp_wait)
+    assert lb[0]["accuracy"] > 0.85, lb[0]["accuracy"]
+    counters = lb[0]["report"]["ranks"][3]["counters"]
+    assert counters["lbbsp_size_min"] < 10 and counters["lbbsp_resizes"] > 0
+    assert counters["lbbsp_trace"]["size_changes"][0] == [0, 16]
+
+
+BAD = {
+    "B_below_ranks": ({"HVD_ELASTIC_GLOBAL_BATCH": "1"},
+                      ["HVD_ELASTIC_GLOBAL_BATCH=1 is smaller than the number of ranks (2)"]),
+    "caps_cannot_hold_B": ({"HVD_ELASTIC_GLOBAL_BATCH": "64", "HVD_ELASTIC_LBBSP_CAPS": "*:20,1:30"},
+                           ["HVD_ELASTIC_LBBSP_CAPS caps sum to 50 samples, below HVD_ELASTIC_GLOBAL_BATCH=64"]),
+    "dataset_smaller_than_B": ({"HVD_ELASTIC_GLOBAL_BATCH": "64", "TEST_DATASET_LEN": "50"},
+                               ["the dataset has 50 samples, fewer than the global batch HVD_ELASTIC_GLOBAL_BATCH=64"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_lbbsp_input_stops_every_rank_with_one_line(case):
+    env, needles = BAD[case]
+    res = launch("mpirun", 2, "tests/workers/lbbsp_bad.py", env={"HVD_ELASTIC_POLICY": "lbbsp", **env}, timeout=120)
+    _assert_every_rank_failed_with(res, 2, *needles)
+
+
+def test_settings_checks_without_a_job():
+    assert check_settings(Config.from_env({"HVD_ELASTIC_GLOBAL_BATCH": "64", "HVD_ELASTIC_LBBSP_CAPS": "*:100,2:10"}),
+                          4) == [64, 64, 10, 64]
+    with pytest.raises(ConfigError, match="policy lbbsp needs the global batch: set HVD_ELASTIC_GLOBAL_BATCH"):
+        check_settings(Config.from_env({}), 2)
+    with pytest.raises(ConfigError, match="HVD_ELASTIC_LBBSP_CAPS names rank 5 but the job has 4 ranks"):
+        check_settings(Config.from_env({"HVD_ELASTIC_GLOBAL_BATCH": "64", "HVD_ELASTIC_LBBSP_CAPS": "5:3"}), 4)
+    with pytest.raises(ConfigError, match="HVD_ELASTIC_LBBSP_CAPS='1:2.5' is not valid; accepted: .*whole SAMPLES"):
+        Config.from_env({"HVD_ELASTIC_LBBSP_CAPS": "1:2.5"})

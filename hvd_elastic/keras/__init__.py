@@ -1,0 +1,195 @@
+"""hvd-elastic for Keras 3 ``model.fit`` (TensorFlow backend): the policy in ``HVD_ELASTIC_POLICY`` for a model
+compiled normally (graph mode). Built on ``horovod.tensorflow`` ops only (Horovod's own Keras layer is broken on
+Keras 3)::
+
+    import horovod.tensorflow as hvd
+    import hvd_elastic.keras as hvde
+
+    hvd.init()
+    opt = hvde.DistributedOptimizer(keras.optimizers.SGD(hvde.scale_lr(0.05)))
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    sync = hvde.SyncCallback()            # broadcast from rank 0, per-step sync, final sync + report
+    model.fit(x, y, batch_size=16, epochs=5, callbacks=[sync, hvde.MetricAverageCallback()])
+    # every rank holds the same weights; rank 0 has printed where the time went; sync.report is the report
+
+See docs/keras.md for what each policy means with Keras optimizers.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import horovod.tensorflow as hvd
+import keras
+import numpy as np
+import tensorflow as tf
+
+from ..errors import ConfigError
+from ..tensorflow._core import broadcast_variables, state_of, wrap_optimizer
+
+
+def DistributedOptimizer(optimizer, **policy_kwargs):
+    """Wrap a Keras 3 optimizer instance for ``model.compile`` (same object, same state). Under bsp its ``apply``
+    averages the gradients exactly with one grouped allreduce inside the compiled train step; under the relaxed
+    policies :class:`SyncCallback` hands each step's gradient (wbsp: model delta) to the sync engine. Knobs may be
+    keywords (``policy="zipline"``, ``lookahead=6``, ...), which win over ``HVD_ELASTIC_*``. Collective."""
+    return wrap_optimizer(optimizer, policy_kwargs, "Keras")
+
+
+def scale_lr(lr: float) -> float:
+    """The usual Horovod scaling: the learning rate of one rank times the number of ranks."""
+    return lr * hvd.size()
+
+
+class SyncCallback(keras.callbacks.Callback):
+    """Runs ``model.fit`` under the optimizer's policy. Put it first in ``callbacks``.
+
+    - on_train_begin: broadcasts the model's variables and the optimizer state from `root_rank` (collective) and
+      starts the sync engine (relaxed policies);
+    - every batch: bsp -- accounts the step (the allreduce ran in the graph); relaxed -- pushes the step's gradient
+      (wbsp: delta) to the engine, applies delivered ticks and waits while the policy's gate is closed;
+    - on_train_end: final synchronization (every update delivered, identical weights on every rank) and the
+      end-of-run report, printed by rank 0 and kept in ``self.report``.
+
+    global_steps: optional budget of steps taken by all ranks together; a rank stops (``model.stop_training``)
+    once it is reached, so under relaxed policies fast ranks take more of them. Use it with a single epoch (or an
+    epoch count every rank reaches) when MetricAverageCallback is used: its epoch-end average is a collective.
+    """
+
+    def __init__(self, root_rank: int = 0, global_steps: Optional[int] = None):
+        super().__init__()
+        self.root_rank, self.budget = root_rank, global_steps
+        self.report: Optional[Dict[str, Any]] = None
+        self._state = None
+
+    def on_train_begin(self, logs=None):
+        model = self.model
+        opt = model.optimizer
+        state = getattr(opt, "_hvd_elastic", None)
+        if state is None:
+            raise ConfigError("SyncCallback needs the model compiled with hvd_elastic.keras.DistributedOptimizer(...)")
+        state.restart_if_finished()
+        self._state = state
+        policy = state.cfg.policy
+        if policy != "bsp" and int(getattr(model, "steps_per_execution", 1) or 1) != 1:
+            raise ConfigError(f"policy {policy} needs steps_per_execution=1 in model.compile (one engine step per "
+                              f"batch)")
+        if getattr(model, "jit_compile", False):
+            # Horovod's ops have no XLA kernels here: compile the train step without XLA.
+            model.jit_compile = False
+            model.make_train_function(force=True)
+        mode = None
+        if policy != "bsp":
+            mode = "local" if state.kind == "delta" else "defer"
+            if state.mode != mode and model.train_function is not None:
+                model.make_train_function(force=True)   # retrace with the new apply mode
+        state.start(model.trainable_variables, model_variables=model.variables, root_rank=self.root_rank, mode=mode)
+
+    def on_train_batch_end(self, batch, logs=None):
+        state = self._state
+        if state.cfg.policy == "bsp":
+            state.account_bsp_step()
+        elif state.mode == "defer":
+            state.relaxed_step(state.deferred_gradient())
+        else:
+            state.relaxed_step(None)
+        if self.budget is not None and state.global_steps() >= self.budget:
+            self.model.stop_training = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        # Under a relaxed policy this rank's training loop ends here: raise its finished flag now, before any other
+        # collective (a rank gated on this rank's pushes would otherwise wait for it forever). The engine delivers
+        # every update, every rank ends with the same weights, and the others run free meanwhile.
+        state = self._state
+        last = self.model.stop_training or epoch + 1 >= int(self.params.get("epochs") or 0)
+        if last and state.session.engine is not None:
+            state.session.engine.finish()
+
+    def on_train_end(self, logs=None):
+        self.report = self._state.finish()
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Average the epoch-end metrics (``logs``) over all ranks. Put it after SyncCallback and before callbacks that
+    read the logs (checkpointing, early stopping).
+
+    bsp: one allreduce at every epoch end (the ranks are in lock-step anyway). Relaxed policies: a collective at an
+    epoch end would stop this rank's pushes while another rank may be gated on them (a deadlock), so each rank
+    keeps its epoch logs and the average is taken once, after the final synchronization (on_train_end, one
+    allgather); the averaged values then replace the per-rank ones in ``model.history`` (ranks that ran fewer
+    epochs contribute to the epochs they ran)."""
+
+    def on_train_begin(self, logs=None):
+        state = getattr(self.model.optimizer, "_hvd_elastic", None)
+        self._relaxed = state is not None and state.cfg.policy != "bsp"
+        self._epochs: List[Dict[str, float]] = []
+
+    @staticmethod
+    def _numeric(logs):
+        return sorted(k for k, v in logs.items() if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not logs:
+            return
+        keys = self._numeric(logs)
+        if self._relaxed:
+            self._epochs.append({k: float(logs[k]) for k in keys})
+            return
+        if not keys:
+            return
+        vals = np.array([float(logs[k]) for k in keys], np.float64)
+        out = hvd.allreduce(tf.constant(vals), op=hvd.Average, name="hvd_elastic.metrics").numpy()
+        for k, v in zip(keys, out):
+            logs[k] = float(v)
+
+    def on_train_end(self, logs=None):
+        if not self._relaxed:
+            return
+        everyone = hvd.allgather_object(self._epochs, name="hvd_elastic.metrics")
+        averaged = []
+        for e in range(max(len(x) for x in everyone)):
+            rows = [x[e] for x in everyone if len(x) > e]
+            averaged.append({k: float(np.mean([r[k] for r in rows if k in r])) for k in rows[0]})
+        self.averaged = averaged
+        history = getattr(self.model, "history", None)
+        hist = getattr(history, "history", None)
+        if isinstance(hist, dict):
+            for k, series in hist.items():
+                for e in range(min(len(series), len(averaged))):
+                    if k in averaged[e]:
+                        series[e] = averaged[e][k]
+
+
+class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Horovod's learning-rate warm-up as a schedule: from ``lr / size`` to ``lr`` over `warmup_steps` optimizer
+    iterations (then `after`, a float or another schedule, or ``lr``).
+
+    A schedule, not a callback that assigns the learning rate between batches: under the gradient policies each
+    tick is one optimizer step applied on every rank, and the optimizer's iteration count (ticks applied) is the
+    same on every rank when a tick is applied, so the learning rate is too -- a per-rank batch counter would give
+    ranks different rates for the same tick and break replica consistency."""
+
+    def __init__(self, lr: float, warmup_steps: int, size: Optional[int] = None, after=None):
+        self.lr, self.warmup_steps = float(lr), max(int(warmup_steps), 1)
+        self.size = int(size if size is not None else hvd.size())
+        self.after = after
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        frac = tf.minimum(step / float(self.warmup_steps), 1.0)
+        warm = self.lr / self.size * (1.0 + (self.size - 1) * frac)
+        if self.after is None:
+            return warm
+        after = self.after(step) if callable(self.after) else tf.constant(float(self.after), tf.float32)
+        return tf.where(step < self.warmup_steps, warm, after)
+
+    def get_config(self):
+        return {"lr": self.lr, "warmup_steps": self.warmup_steps, "size": self.size}
+
+
+def global_steps(optimizer) -> int:
+    """Steps taken by all ranks together, as far as this rank knows."""
+    return state_of(optimizer, "global_steps").global_steps()
+
+
+__all__ = ["DistributedOptimizer", "MetricAverageCallback", "SyncCallback", "WarmupSchedule", "broadcast_variables",
+           "global_steps", "scale_lr"]

@@ -1,0 +1,330 @@
+"""Shared TensorFlow / Keras 3 glue: one optimizer wrapper for ``model.fit`` (hvd_elastic.keras) and for custom
+training loops (hvd_elastic.tensorflow). Only ``horovod.tensorflow`` ops are used (Horovod's own Keras layer is
+broken on Keras 3). Every policy rule lives in the engine / native scheduler; this file only moves tensors.
+
+How the wrapped optimizer's ``apply()`` behaves, by mode (set when training starts):
+- "bsp": exact gradient averaging with one grouped Average-allreduce, then the optimizer's own ``apply`` -- works in
+  graph mode (inside ``model.fit``'s ``tf.function`` or the user's) and eagerly; the time blocked in the allreduce
+  is measured with ``tf.timestamp`` and read by the step accounting.
+- "defer" (model.fit, gradient policies): the traced train step only stores the gradients into buffers; the
+  callback hands them to the engine at ``on_train_batch_end`` (eager), and the engine applies ticks with the
+  optimizer's own ``apply`` (a ``tf.function`` over one flat gradient).
+- "local" (model.fit, wbsp): the optimizer steps the rank's own copy in the graph; the callback uploads the delta.
+- "eager" (custom loops, relaxed policies): ``apply_gradients`` must be called eagerly and does the engine step.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Optional
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+from .. import config as _config
+from ..emulation import Straggler
+from ..engine.engine import SyncEngine
+from ..engine.policies import POLICIES as RELAXED_POLICIES, make_policy
+from ..errors import ConfigError, install_excepthook
+from ..telemetry import Telemetry, finish_report
+
+IMPLEMENTED_POLICIES = ("bsp",) + tuple(RELAXED_POLICIES)
+
+
+def load_config(policy_kwargs: Dict[str, Any], frontend: str) -> _config.Config:
+    install_excepthook()
+    raw = _config.raw_settings(None, policy_kwargs)
+    _config.check_ranks_agree(raw, lambda obj: hvd.allgather_object(obj, name="hvd_elastic.config"))
+    cfg = _config.parse_settings(raw)
+    if cfg.policy not in IMPLEMENTED_POLICIES:
+        src = "keyword argument policy" if raw.get("policy", ["env"])[0] == "kwarg" else "HVD_ELASTIC_POLICY"
+        raise ConfigError(f"{src}={cfg.policy!r} is not available for {frontend} yet (PyTorch only in this version); "
+                          f"available: {'|'.join(IMPLEMENTED_POLICIES)}")
+    unused = _config.unused_settings(raw, cfg)
+    if unused and hvd.rank() == 0:
+        print(f"hvd_elastic: warning: policy {cfg.policy} does not use {', '.join(unused)}", flush=True)
+    return cfg
+
+
+def _np(v) -> np.ndarray:
+    return np.asarray(v.numpy() if hasattr(v, "numpy") else v)
+
+
+def broadcast_variables(variables, root_rank: int = 0, name: str = "hvd_elastic.bcast"):
+    """Collective: overwrite `variables` (Keras or tf Variables) with rank `root_rank`'s values, eagerly.
+
+    One broadcast per dtype (the values travel flattened), so the cost does not grow with the number of layers."""
+    variables = list(variables)
+    by_dtype: Dict[str, List[Any]] = {}
+    for v in variables:
+        by_dtype.setdefault(str(_np(v).dtype), []).append(v)
+    for dtype in sorted(by_dtype):
+        vs = by_dtype[dtype]
+        flat = np.concatenate([_np(v).reshape(-1) for v in vs]) if vs else np.zeros(0, dtype)
+        if dtype == "bool":
+            flat = flat.astype(np.int32)
+        out = hvd.broadcast(tf.convert_to_tensor(flat), root_rank, name=f"{name}.{dtype}").numpy()
+        off = 0
+        for v in vs:
+            shape = _np(v).shape
+            n = int(np.prod(shape, dtype=np.int64))
+            v.assign(out[off:off + n].reshape(shape).astype(dtype))
+            off += n
+
+
+_TICK_FUNCTIONS: Dict[Any, Any] = {}
+
+
+def _allreduce_sum(arrays, name):
+    """In-place Sum allreduce of numpy arrays over all ranks (the engine's data plane; runs on the tick thread).
+
+    Through a tf.function: an eager Horovod TF op is negotiated under its op type's name whatever ``name`` says, so
+    an eager tick would collide with any other eager collective the training thread has in flight (metric
+    averaging, broadcasts); inside a graph the op carries ``name``."""
+    for i, a in enumerate(arrays):
+        key = (name, i, a.shape, a.dtype.str)
+        fn = _TICK_FUNCTIONS.get(key)
+        if fn is None:
+            op_name = f"{name}.{i}".replace(".", "_")
+            fn = tf.function(lambda t, _n=op_name: hvd.allreduce(t, op=hvd.Sum, name=_n), autograph=False,
+                             jit_compile=False, input_signature=[tf.TensorSpec(a.shape, tf.as_dtype(a.dtype))])
+            _TICK_FUNCTIONS[key] = fn
+        a[...] = fn(tf.convert_to_tensor(a)).numpy()
+
+
+class _FlatVars:
+    """Fixed layout of the trainable variables in one flat float buffer (same order on every rank)."""
+
+    def __init__(self, variables):
+        self.variables = list(variables)
+        dtypes = {str(_np(v).dtype) for v in self.variables}
+        if len(dtypes) != 1 or not dtypes <= {"float32", "float64"}:
+            raise ConfigError(f"relaxed policies need one float32/float64 dtype for the trainable variables, got "
+                              f"{sorted(dtypes)}")
+        self.dtype = np.dtype(dtypes.pop())
+        self.shapes = [tuple(_np(v).shape) for v in self.variables]
+        self.sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
+        self.numel = int(sum(self.sizes))
+
+    def weights(self) -> np.ndarray:
+        return np.concatenate([_np(v).reshape(-1) for v in self.variables]).astype(self.dtype, copy=False)
+
+    def set_weights(self, w: np.ndarray):
+        off = 0
+        for v, s, n in zip(self.variables, self.shapes, self.sizes):
+            v.assign(w[off:off + n].reshape(s))
+            off += n
+
+    def flatten(self, tensors) -> np.ndarray:
+        out = np.zeros(self.numel, self.dtype)
+        off = 0
+        for t, n in zip(tensors, self.sizes):
+            if t is not None:
+                out[off:off + n] = _np(tf.convert_to_tensor(t)).reshape(-1)
+            off += n
+        return out
+
+    def split(self, flat):
+        parts = tf.split(flat, self.sizes)
+        return [tf.reshape(p, s) for p, s in zip(parts, self.shapes)]
+
+
+class _Session:
+    """One training run of a wrapped optimizer: configuration, telemetry, emulation, engine, report."""
+
+    def __init__(self, cfg: _config.Config):
+        self.cfg = cfg
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.telemetry = Telemetry(self.rank, self.size, cfg.policy)
+        self.straggler = Straggler.from_config(cfg, self.rank, self.size)
+        self.last_step_end = time.perf_counter()
+        self.engine: Optional[SyncEngine] = None
+        self.report: Optional[Dict[str, Any]] = None
+
+    def begin_step(self) -> float:
+        compute = time.perf_counter() - self.last_step_end
+        slept = self.straggler.pause(compute)
+        self.telemetry.emulated_s += slept
+        return compute + slept
+
+
+class ElasticState:
+    """The plugin's per-optimizer state (kept off the Keras optimizer's attribute tracking)."""
+
+    def __init__(self, optimizer, base_cls, cfg: _config.Config, policy_kwargs: Dict[str, Any], frontend: str):
+        self.optimizer, self.base_cls, self.policy_kwargs, self.frontend = optimizer, base_cls, policy_kwargs, frontend
+        self.session = _Session(cfg)
+        self.mode = "bsp" if cfg.policy == "bsp" else "eager"
+        self.kind = None if cfg.policy == "bsp" else make_policy(cfg).kind
+        self.blocked = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="hvd_elastic_blocked")
+        self.flat: Optional[_FlatVars] = None
+        self.buffers: Optional[List[tf.Variable]] = None
+        self.started = False
+        self._apply_flat = None
+
+    @property
+    def cfg(self) -> _config.Config:
+        return self.session.cfg
+
+    # ---- start / end -------------------------------------------------------------------------------------------
+    def restart_if_finished(self):
+        """A finished session (a second model.fit) starts a fresh one: same settings, new engine and report."""
+        if self.session.report is not None:
+            self.session = _Session(load_config(self.policy_kwargs, self.frontend))
+            self.started = False
+
+    def start(self, trainable_variables, model_variables=None, root_rank: int = 0, mode: Optional[str] = None):
+        """Collective: build the optimizer, broadcast weights and optimizer state from `root_rank`, start the
+        engine for relaxed policies. `mode` overrides the apply mode (model.fit: defer / local)."""
+        opt = self.optimizer
+        trainable_variables = list(trainable_variables)
+        if not opt.built:
+            opt.build(trainable_variables)
+        broadcast_variables(list(model_variables if model_variables is not None else trainable_variables)
+                            + list(opt.variables), root_rank)
+        if mode is not None:
+            self.mode = mode
+        if self.session.cfg.policy != "bsp":
+            self._start_engine(trainable_variables)
+        self.started = True
+        self.session.last_step_end = time.perf_counter()
+
+    def _start_engine(self, trainable_variables):
+        s = self.session
+        self.flat = flat = _FlatVars(trainable_variables)
+        if self.mode == "defer" and self.buffers is None:
+            self.buffers = [tf.Variable(tf.zeros(shape, flat.dtype), trainable=False, name="hvd_elastic_grad")
+                            for shape in flat.shapes]
+        base_apply, opt = self.base_cls.apply, self.optimizer
+
+        @tf.function(autograph=False, jit_compile=False)
+        def apply_flat(g):
+            base_apply(opt, flat.split(g), flat.variables)
+
+        self._apply_flat = apply_flat
+        epoch_ns = hvd.broadcast_object(time.time_ns(), root_rank=0, name="hvd_elastic.epoch")
+        s.engine = SyncEngine(make_policy(s.cfg), s.rank, s.size, flat.numel, flat.dtype, _allreduce_sum,
+                              s.telemetry, tick_s=s.cfg.tick_ms / 1000.0, epoch_ns=epoch_ns,
+                              apply_gradient=lambda g: apply_flat(tf.convert_to_tensor(g)),
+                              read_params=flat.weights, write_params=flat.set_weights)
+
+    def finish(self) -> Dict[str, Any]:
+        """Collective: flush every update, final sync, end-of-run report (idempotent)."""
+        s = self.session
+        if s.report is None:
+            if s.engine is not None:
+                s.engine.finish()
+            s.report = finish_report(s.telemetry, lambda obj: hvd.allgather_object(obj, name="hvd_elastic.report"),
+                                     s.cfg.describe(), print_on_rank0=s.cfg.report, json_path=s.cfg.report_json)
+        return s.report
+
+    # ---- per step (eager) ----------------------------------------------------------------------------------------
+    def account_bsp_step(self):
+        """After a bsp step (eager side): compute = wall since the last step minus time blocked in the allreduce."""
+        s = self.session
+        total = time.perf_counter() - s.last_step_end
+        blocked = max(float(self.blocked.numpy()), 0.0)
+        compute = max(total - blocked, 0.0)
+        slept = s.straggler.pause(compute)
+        s.telemetry.emulated_s += slept
+        s.telemetry.add_step(compute + slept, blocked)
+        s.last_step_end = time.perf_counter()
+
+    def relaxed_step(self, flat_grad: Optional[np.ndarray], extra_compute: float = 0.0):
+        """Hand this step's update to the engine (gradient, or None for delta policies) and apply delivered ticks."""
+        s = self.session
+        if s.engine is None or s.engine.finished:
+            raise ConfigError("hvd_elastic: training step after finish() or before the engine started")
+        compute = s.begin_step() + extra_compute
+        s.engine.step(flat_grad, compute)
+        s.telemetry.add_step(compute)
+        s.last_step_end = time.perf_counter()
+
+    def deferred_gradient(self) -> np.ndarray:
+        return self.flat.flatten(self.buffers)
+
+    def global_steps(self) -> int:
+        s = self.session
+        if s.engine is None:
+            return s.telemetry.steps * s.size
+        view, own = s.engine.view, s.engine.ticker.clock
+        return int(view.clocks.sum() - view.clocks[s.rank] + own)
+
+
+def _bsp_average(state: ElasticState, grads):
+    """Exact gradient averaging (one grouped Average allreduce); records the time blocked in it."""
+    idx = [i for i, g in enumerate(grads) if g is not None]
+    dense = [tf.convert_to_tensor(grads[i]) for i in idx]
+    if not dense:
+        return grads
+    with tf.control_dependencies(dense):
+        t0 = tf.timestamp()
+    with tf.control_dependencies([t0]):
+        reduced = hvd.grouped_allreduce(dense, op=hvd.Average, name="hvd_elastic.bsp")
+    with tf.control_dependencies(reduced):
+        t1 = tf.timestamp()
+    state.blocked.assign(t1 - t0)
+    out = list(grads)
+    for i, r in zip(idx, reduced):
+        out[i] = r
+    return out
+
+
+def _elastic_apply(self, grads, trainable_variables=None):
+    """``apply`` of a wrapped optimizer (see the module docstring for the modes)."""
+    state: ElasticState = self._hvd_elastic
+    grads = list(grads)
+    if state.mode == "bsp":
+        eager = tf.executing_eagerly()
+        if eager and not state.started:          # custom loop: first eager step broadcasts from rank 0
+            state.start(trainable_variables if trainable_variables is not None else self._trainable_variables)
+        out = state.base_cls.apply(self, _bsp_average(state, grads), trainable_variables)
+        if eager:
+            state.account_bsp_step()
+        return out
+    if state.mode == "defer":
+        for buf, g in zip(state.buffers, grads):
+            buf.assign(tf.zeros_like(buf) if g is None else tf.cast(tf.convert_to_tensor(g), buf.dtype))
+        return None
+    if state.mode == "local":
+        return state.base_cls.apply(self, grads, trainable_variables)
+    # "eager": custom training loop under a relaxed policy
+    if not tf.executing_eagerly():
+        raise ConfigError(f"policy {state.cfg.policy}: call apply_gradients() eagerly (outside tf.function) in a "
+                          f"custom loop -- compute the gradients in a tf.function -- or, with model.fit, add "
+                          f"hvd_elastic.keras.SyncCallback() to the callbacks")
+    if not state.started:
+        state.start(trainable_variables if trainable_variables is not None else self._trainable_variables)
+    if state.kind == "delta":
+        t0 = time.perf_counter()
+        state.base_cls.apply(self, grads, trainable_variables)   # a local step on this rank's own copy
+        state.relaxed_step(None, time.perf_counter() - t0)
+    else:
+        state.relaxed_step(state.flat.flatten(grads))
+    return None
+
+
+def wrap_optimizer(optimizer, policy_kwargs: Dict[str, Any], frontend: str):
+    """Make `optimizer` (a Keras 3 optimizer instance) run under the configured policy; same object returned."""
+    import keras
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"DistributedOptimizer takes a Keras 3 optimizer instance, got {type(optimizer).__name__}")
+    if getattr(optimizer, "_hvd_elastic", None) is not None:
+        raise TypeError("this optimizer is already wrapped by hvd_elastic")
+    cfg = load_config(policy_kwargs, frontend)
+    if cfg.policy != "bsp" and getattr(optimizer, "gradient_accumulation_steps", None):
+        raise ConfigError(f"policy {cfg.policy} does not support gradient_accumulation_steps; use policy bsp")
+    base = optimizer.__class__
+    cls = type(base.__name__, (base,), {"apply": _elastic_apply, "__module__": base.__module__})
+    optimizer.__class__ = cls
+    state = ElasticState(optimizer, base, cfg, policy_kwargs, frontend)
+    object.__setattr__(optimizer, "_hvd_elastic", state)
+    return optimizer
+
+
+def state_of(optimizer, caller: str) -> ElasticState:
+    state = getattr(optimizer, "_hvd_elastic", None)
+    if state is None:
+        raise TypeError(f"{caller}() takes an optimizer made by hvd_elastic's DistributedOptimizer")
+    return state
+

@@ -1,0 +1,112 @@
+"""Keras 3 / TensorFlow frontend on real 2-rank runs (issue 5): model.fit and custom loops through the same sync
+engine as PyTorch.
+
+- bsp: model.fit (graph mode) and a GradientTape loop give the weights of a single-process run over the combined
+  batch (plain SGD), identical on both ranks, from different initial weights (the broadcast fixes them);
+- every relaxed policy under model.fit (one launch, policy= keyword), plus a custom loop under wbsp with Adam:
+  identical weights on every rank, nothing lost (applied_contributions == sum of pushed), the policy's bound
+  holds, and the model learns digits with rank 1 an emulated straggler;
+- torch then Keras in one process (horovodrun);
+- bad input: one clear line on every rank, no hang.
+TF start-up costs ~10 s per rank here, so each launch checks several properties.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from launch import launch
+
+STRAGGLER = {"HVD_ELASTIC_EMULATE_DELAY": "*:0.002,1:0.02"}
+WORKER = "tests/workers/keras_fit.py"
+
+
+def _run(launcher, tmp_path, args, env=None, timeout=240):
+    res = launch(launcher, 2, WORKER, [tmp_path, *args], env=env or {}, timeout=timeout)
+    assert res.returncode == 0 and not res.timed_out, res.output[-4000:]
+    return res, [json.load(open(os.path.join(tmp_path, f"rank{r}.json"))) for r in range(2)]
+
+
+def test_bsp_fit_and_custom_loop_equal_single_process_sgd_on_combined_batch(tmp_path):
+    res, (r0, r1) = _run("mpirun", tmp_path, ["--mode", "bsp", "--steps", "12", "--batch", "16"])
+    w_ref = np.asarray(r0["w_ref"])
+    for key in ("w_fit", "w_loop"):
+        np.testing.assert_allclose(np.asarray(r0[key]), w_ref, rtol=0, atol=2e-6, err_msg=key)
+        assert r0[key] == r1[key], key                      # bit-identical replicas
+    # The epoch-end metric average: both ranks report the same loss, the mean of their own.
+    assert r0["fit_loss"] == r1["fit_loss"]
+    rep = r0["fit_report"]
+    assert rep["policy"] == "bsp" and [r["steps"] for r in rep["ranks"]] == [12, 12]
+    assert len(res.lines_with("hvd_elastic report: policy=bsp, 2 ranks")) == 2   # fit, then the custom loop
+
+
+RELAXED = ("asp", "ssp", "dssp", "zipline", "wbsp")
+
+
+def test_relaxed_policies_under_fit_keep_replicas_identical_and_lose_nothing(tmp_path):
+    env = {**STRAGGLER, "HVD_ELASTIC_STALENESS": "2", "HVD_ELASTIC_DSSP_LOWER": "1", "HVD_ELASTIC_DSSP_UPPER": "4",
+           "HVD_ELASTIC_LOOKAHEAD": "6"}
+    _, ranks = _run("mpirun", tmp_path, ["--mode", "policies", "--policies", ",".join(RELAXED),
+                                         "--custom-loop", "wbsp", "--target", "300"], env=env)
+    runs = list(zip(ranks[0]["runs"], ranks[1]["runs"]))
+    assert [a["policy"] for a, _ in runs] == list(RELAXED) + ["wbsp"]
+    for a, b in runs:
+        policy = a["policy"]
+        reports = [a["report"]["ranks"][0], b["report"]["ranks"][1]]
+        counters = [rep["counters"] for rep in reports]
+        pushed = sum(c["pushed"] for c in counters)
+        assert pushed >= 300, (policy, counters)                      # the global budget was reached
+        for r, c in zip((a, b), counters):
+            assert c["applied_contributions"] == pushed, (policy, c)   # invariant 4
+            assert c["pushed"] == r["local_steps"], (policy, c)
+            assert r["accuracy"] > 0.85, (policy, r["accuracy"])       # learned, straggler and all
+        assert a["weights_sha256"] == b["weights_sha256"], policy      # invariant 3
+        assert a["accuracy"] == b["accuracy"]
+        gaps = [c["max_clock_gap"] for c in counters]
+        if policy == "ssp":
+            assert max(gaps) <= 2, gaps
+        if policy == "dssp":
+            assert max(gaps) <= 4, gaps
+        if policy == "zipline":
+            assert counters[0]["barriers"] >= 3 and counters[0]["barriers"] == counters[1]["barriers"]
+            assert all(c["max_iterations_between_barriers"] <= 6 for c in counters), counters
+            assert counters[0]["barrier_digest"] == counters[1]["barrier_digest"]
+        if policy == "wbsp":
+            assert all(c["wbsp_slowest_rank"] == 1 and c["wbsp_stale_downloads"] == 0 for c in counters), counters
+        if policy in ("asp", "wbsp"):     # nobody waits for the straggler; the fast rank takes more steps
+            assert reports[0]["steps"] > reports[1]["steps"], (policy, [r["steps"] for r in reports])
+            assert all(rep["wait_share"] < 0.1 for rep in reports), policy
+
+
+def test_torch_then_keras_in_one_process(tmp_path):
+    env = {"HVD_ELASTIC_POLICY": "ssp", "HVD_ELASTIC_EMULATE_DELAY": "1:0.01"}
+    res, (r0, r1) = _run("horovodrun", tmp_path, ["--mode", "mixed", "--target", "200"], env=env)
+    for job in ("torch", "keras"):
+        a, b = r0[job], r1[job]
+        assert a["weights_sha256"] == b["weights_sha256"], job
+        counters = [a["report"]["ranks"][0]["counters"], b["report"]["ranks"][1]["counters"]]
+        pushed = sum(c["pushed"] for c in counters)
+        assert pushed >= 200 and all(c["applied_contributions"] == pushed for c in counters), (job, counters)
+        assert a["report"]["policy"] == "ssp" and a["accuracy"] > 0.8, (job, a["accuracy"])
+    assert len(res.lines_with("hvd_elastic report: policy=ssp, 2 ranks")) == 2
+
+
+BAD = {"unknown_policy": ("horovodrun", {"HVD_ELASTIC_POLICY": "nope"},
+                          ["HVD_ELASTIC_POLICY='nope' is not valid", "bsp|asp|ssp|dssp|zipline|lbbsp|wbsp"]),
+       "lbbsp_not_for_keras": ("mpirun", {"HVD_ELASTIC_POLICY": "lbbsp"},
+                               ["HVD_ELASTIC_POLICY='lbbsp' is not available for Keras yet"])}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_stops_every_rank_with_one_line(case, tmp_path):
+    launcher, env, needles = BAD[case]
+    res = launch(launcher, 2, WORKER, [tmp_path, "--mode", "config"], env=env, timeout=120)
+    assert not res.timed_out and res.elapsed < 90, res.output[-3000:]
+    assert res.returncode != 0
+    errors = res.lines_with("hvd_elastic: error:")
+    for needle in needles:
+        errors = [l for l in errors if needle in l]
+    assert len(errors) >= 2, res.output[-3000:]
+    assert not [l for l in res.rank_lines() if "Traceback" in l], res.output[-3000:]
+    assert not res.lines_with("config ok on rank")

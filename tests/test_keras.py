@@ -22,7 +22,7 @@ STRAGGLER = {"HVD_ELASTIC_EMULATE_DELAY": "*:0.002,1:0.02"}
 WORKER = "tests/workers/keras_fit.py"
 
 
-def _run(launcher, tmp_path, args, env=None, timeout=240):
+def _run(launcher, tmp_path, args, env=None, timeout=300):
     res = launch(launcher, 2, WORKER, [tmp_path, *args], env=env or {}, timeout=timeout)
     assert res.returncode == 0 and not res.timed_out, res.output[-4000:]
     return res, [json.load(open(os.path.join(tmp_path, f"rank{r}.json"))) for r in range(2)]

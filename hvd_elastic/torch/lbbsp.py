@@ -121,7 +121,10 @@ class LbbspController:
     def update(self, meta: np.ndarray):
         """One iteration boundary: meta[p] = (step ns, samples) of every rank; decide the next sizes."""
         step_ns, samples = meta[:, 0], meta[:, 1]
-        if self.mode == "gpu":
+        if self.steps == 0:
+            # The first step's time includes each rank's start-up since the optimizer was built: not a speed.
+            new = self.sizes
+        elif self.mode == "gpu":
             self.window_times.append(step_ns.copy())
             if len(self.window_times) >= self.gpu.window:
                 mean = np.mean(np.stack(self.window_times), axis=0)

@@ -5,6 +5,7 @@
 - the applied gradient equals one process's gradient over the same global batch (rank 0 recomputes it);
 - under a 3x straggler (per-sample emulated delay) the sizes approach the speed ratio and the fast ranks' wait
   share falls well below bsp's with the same straggler; when the straggler recovers the sizes follow;
+- drawing batches ahead of the steps (DataLoader workers prefetching) is refused;
 - bad input (B below the number of ranks, caps that cannot hold B, a dataset smaller than B) stops every rank with
   one line.
 Speeds come from sleeps (HVD_ELASTIC_EMULATE_SAMPLE_DELAY), so 4 ranks on 2 cores behave like workers of different
@@ -70,6 +71,7 @@ def test_sizes_sum_to_B_each_sample_once_per_epoch_and_gradient_is_the_global_ba
     assert ranks[0]["grad_checked"] == epochs * steps_per_epoch
     assert ranks[0]["grad_err"] < 1e-6, ranks[0]["grad_err"]
     assert len({r["weights_sha256"] for r in ranks}) == 1
+    assert all("draw one batch per step (DataLoader num_workers=0)" in r["prefetch_error"] for r in ranks)
     counters = [r["report"]["ranks"][r["rank"]]["counters"] for r in ranks]
     final = counters[0]["lbbsp_sizes"]       # decided after the last step (not recorded in the steps)
     changes = int((sizes[1:] != sizes[:-1]).any(axis=1).sum()) + int(final != list(sizes[-1]))

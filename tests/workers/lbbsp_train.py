@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import hvd_elastic.errors as hvde_errors
 import hvd_elastic.torch as hvde
 
 
@@ -73,7 +74,15 @@ def check(args):
                     checked += 1
             indices.append(mine)
     report = opt.finish()
+    # Drawing a second batch before stepping the first (what DataLoader workers' prefetching does) is refused.
+    it, prefetch_error = iter(sampler), ""
+    next(it)
+    try:
+        next(it)
+    except hvde_errors.HvdElasticError as e:
+        prefetch_error = str(e)
     return {"steps": steps, "indices": indices, "grad_err": grad_err, "grad_checked": checked,
+            "prefetch_error": prefetch_error,
             "weights_sha256": hashlib.sha256(flat(model).tobytes()).hexdigest(), "report": report,
             "len_sampler": len(sampler)}
 

@@ -57,10 +57,12 @@ def test_relaxed_policies_under_fit_keep_replicas_identical_and_lose_nothing(tmp
         counters = [rep["counters"] for rep in reports]
         pushed = sum(c["pushed"] for c in counters)
         assert pushed >= 300, (policy, counters)                      # the global budget was reached
-        for r, c in zip((a, b), counters):
+        for r, c, rep in zip((a, b), counters, reports):
             assert c["applied_contributions"] == pushed, (policy, c)   # invariant 4
+            # The time breakdown accounts each second once (nothing counted twice).
+            assert rep["compute_s"] + rep["wait_s"] + rep["comm_s"] <= rep["wall_s"] + 0.05, (policy, rep)
             assert c["pushed"] == r["local_steps"], (policy, c)
-            assert r["accuracy"] > 0.85, (policy, r["accuracy"])       # learned, straggler and all
+            assert r["accuracy"] > 0.8, (policy, r["accuracy"])        # learned, straggler and all (300 steps)
         assert a["weights_sha256"] == b["weights_sha256"], policy      # invariant 3
         assert a["accuracy"] == b["accuracy"]
         gaps = [c["max_clock_gap"] for c in counters]

@@ -230,12 +230,12 @@ class ElasticState:
         s.telemetry.add_step(compute + slept, blocked)
         s.last_step_end = time.perf_counter()
 
-    def relaxed_step(self, flat_grad: Optional[np.ndarray], extra_compute: float = 0.0):
+    def relaxed_step(self, flat_grad: Optional[np.ndarray]):
         """Hand this step's update to the engine (gradient, or None for delta policies) and apply delivered ticks."""
         s = self.session
         if s.engine is None or s.engine.finished:
             raise ConfigError("hvd_elastic: training step after finish() or before the engine started")
-        compute = s.begin_step() + extra_compute
+        compute = s.begin_step()   # since the last step ended: forward, backward (wbsp: the local step too)
         s.engine.step(flat_grad, compute)
         s.telemetry.add_step(compute)
         s.last_step_end = time.perf_counter()
@@ -296,9 +296,9 @@ def _elastic_apply(self, grads, trainable_variables=None):
     if not state.started:
         state.start(trainable_variables if trainable_variables is not None else self._trainable_variables)
     if state.kind == "delta":
-        t0 = time.perf_counter()
-        state.base_cls.apply(self, grads, trainable_variables)   # a local step on this rank's own copy
-        state.relaxed_step(None, time.perf_counter() - t0)
+        # A local step on this rank's own copy (compute), through the same tf.function as the ticks.
+        state._apply_flat(tf.convert_to_tensor(state.flat.flatten(grads)))
+        state.relaxed_step(None)
     else:
         state.relaxed_step(state.flat.flatten(grads))
     return None

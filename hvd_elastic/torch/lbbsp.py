@@ -37,7 +37,7 @@ from .. import _native
 from ..engine.ticker import encode_meta
 from ..errors import ConfigError, HvdElasticError
 
-_PIECES, _BASE = 4, 1 << 16
+_PIECES = 4                    # 16-bit pieces per int64 (as in engine.ticker)
 _META = 2                      # columns of the metadata table: step time (ns), samples this step
 HISTORY = 32                   # per-sample times kept per rank for the cpu-mode predictor
 TRACE_LIMIT = 2000             # most size changes kept in the report trace

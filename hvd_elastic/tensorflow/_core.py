@@ -25,7 +25,7 @@ from .. import config as _config
 from ..emulation import Straggler
 from ..engine.engine import SyncEngine
 from ..engine.policies import POLICIES as RELAXED_POLICIES, make_policy
-from ..errors import ConfigError, install_excepthook
+from ..errors import ConfigError, HvdElasticError, install_excepthook
 from ..telemetry import Telemetry, finish_report
 
 IMPLEMENTED_POLICIES = ("bsp",) + tuple(RELAXED_POLICIES)
@@ -234,7 +234,8 @@ class ElasticState:
         """Hand this step's update to the engine (gradient, or None for delta policies) and apply delivered ticks."""
         s = self.session
         if s.engine is None or s.engine.finished:
-            raise ConfigError("hvd_elastic: training step after finish() or before the engine started")
+            raise HvdElasticError("training step after finish() (or before training started): start a new "
+                                  "DistributedOptimizer / model.fit for more training")
         compute = s.begin_step()   # since the last step ended: forward, backward (wbsp: the local step too)
         s.engine.step(flat_grad, compute)
         s.telemetry.add_step(compute)

@@ -17,7 +17,7 @@ import math
 import os
 from typing import Any, Callable, Dict, Mapping, Optional
 
-from .errors import ConfigError
+from .errors import ConfigError, install_excepthook
 
 PREFIX = "HVD_ELASTIC_"
 POLICIES = ("bsp", "asp", "ssp", "dssp", "zipline", "lbbsp", "wbsp")
@@ -257,6 +257,24 @@ def unused_settings(raw: Mapping[str, list], cfg: Config) -> list:
     """Names of knobs that were set but that the chosen policy does not read (worth a warning, not an error)."""
     return [_where(name, raw[name][0]) for name in raw
             if name in KNOBS_BY_NAME and KNOBS_BY_NAME[name].used_by and cfg.policy not in KNOBS_BY_NAME[name].used_by]
+
+
+def load(policy_kwargs: Mapping[str, Any], allgather_object: Callable[[Any], list], rank: int,
+         available: tuple, frontend: str) -> Config:
+    """Collective start-up of a frontend: compare the ranks' raw settings, parse them, refuse a policy the frontend
+    cannot run, and warn (rank 0) about knobs the policy does not read. Every problem is a one-line ConfigError."""
+    install_excepthook()
+    raw = raw_settings(None, policy_kwargs)
+    check_ranks_agree(raw, allgather_object)
+    cfg = parse_settings(raw)
+    if cfg.policy not in available:
+        src = _where("policy", raw.get("policy", ["env"])[0])
+        raise ConfigError(f"{src}={cfg.policy!r} is not available for {frontend} yet; "
+                          f"available: {'|'.join(available)}")
+    unused = unused_settings(raw, cfg)
+    if unused and rank == 0:
+        print(f"hvd_elastic: warning: policy {cfg.policy} does not use {', '.join(unused)}", flush=True)
+    return cfg
 
 
 def check_ranks_agree(raw: Mapping[str, list], allgather_object: Callable[[Any], list]) -> None:

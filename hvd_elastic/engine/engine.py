@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import HvdElasticError
 from ..telemetry import Telemetry
-from .ticker import Tick, Ticker
+from .ticker import Ticker
 from .view import GlobalView
 
 

@@ -32,7 +32,7 @@ META_COLUMNS = 6
 # one dtype, and on Gloo every extra collective costs milliseconds). Each int64 (all values are >= -1) is stored
 # as value + 1 in four 16-bit pieces, which float32 and float64 hold exactly; one rank fills each row and the
 # others add zeros, so the Sum returns every piece exactly.
-_PIECES = 4
+META_PIECES = 4   # 16-bit pieces per int64
 _BASE = 1 << 16
 
 
@@ -40,16 +40,17 @@ def encode_meta(meta: np.ndarray, out: np.ndarray):
     v = meta.astype(np.int64).ravel() + 1
     if (v < 0).any() or (v >= (1 << 62)).any():
         raise ValueError("tick metadata out of range")
-    for k in range(_PIECES):
-        out[k::_PIECES] = (v >> (16 * k)) & (_BASE - 1)
+    for k in range(META_PIECES):
+        out[k::META_PIECES] = (v >> (16 * k)) & (_BASE - 1)
 
 
-def decode_meta(words: np.ndarray, size: int) -> np.ndarray:
+def decode_meta(words: np.ndarray, size: int, columns: int = META_COLUMNS) -> np.ndarray:
+    """Inverse of encode_meta for a (size x columns) table (the tick's, or any other riding the same way)."""
     pieces = np.rint(words).astype(np.int64)
-    v = np.zeros(size * META_COLUMNS, np.int64)
-    for k in range(_PIECES):
-        v += pieces[k::_PIECES] << (16 * k)
-    return (v - 1).reshape(size, META_COLUMNS)
+    v = np.zeros(size * columns, np.int64)
+    for k in range(META_PIECES):
+        v += pieces[k::META_PIECES] << (16 * k)
+    return (v - 1).reshape(size, columns)
 
 
 class Tick:
@@ -79,7 +80,7 @@ class Ticker:
         self._allreduce_sum = allreduce_sum
         self.tick_s, self.max_idle_s, self.epoch_ns = tick_s, max(max_idle_s, tick_s), epoch_ns
         self._lock = threading.Condition()
-        self._meta_words = size * META_COLUMNS * _PIECES
+        self._meta_words = size * META_COLUMNS * META_PIECES
         self._pending = np.zeros(numel + self._meta_words, self.dtype)   # [update | encoded metadata]
         self._pending_count = 0
         self._clock = 0

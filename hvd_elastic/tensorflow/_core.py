@@ -25,25 +25,15 @@ from .. import config as _config
 from ..emulation import Straggler
 from ..engine.engine import SyncEngine
 from ..engine.policies import POLICIES as RELAXED_POLICIES, make_policy
-from ..errors import ConfigError, HvdElasticError, install_excepthook
+from ..errors import ConfigError, HvdElasticError
 from ..telemetry import Telemetry, finish_report
 
 IMPLEMENTED_POLICIES = ("bsp",) + tuple(RELAXED_POLICIES)
 
 
 def load_config(policy_kwargs: Dict[str, Any], frontend: str) -> _config.Config:
-    install_excepthook()
-    raw = _config.raw_settings(None, policy_kwargs)
-    _config.check_ranks_agree(raw, lambda obj: hvd.allgather_object(obj, name="hvd_elastic.config"))
-    cfg = _config.parse_settings(raw)
-    if cfg.policy not in IMPLEMENTED_POLICIES:
-        src = "keyword argument policy" if raw.get("policy", ["env"])[0] == "kwarg" else "HVD_ELASTIC_POLICY"
-        raise ConfigError(f"{src}={cfg.policy!r} is not available for {frontend} yet (PyTorch only in this version); "
-                          f"available: {'|'.join(IMPLEMENTED_POLICIES)}")
-    unused = _config.unused_settings(raw, cfg)
-    if unused and hvd.rank() == 0:
-        print(f"hvd_elastic: warning: policy {cfg.policy} does not use {', '.join(unused)}", flush=True)
-    return cfg
+    return _config.load(policy_kwargs, lambda obj: hvd.allgather_object(obj, name="hvd_elastic.config"),
+                        hvd.rank(), IMPLEMENTED_POLICIES, frontend)
 
 
 def _np(v) -> np.ndarray:

@@ -34,21 +34,12 @@ import numpy as np
 import torch
 
 from .. import _native
-from ..engine.ticker import encode_meta
+from ..engine.ticker import META_PIECES, decode_meta, encode_meta
 from ..errors import ConfigError, HvdElasticError
 
-_PIECES = 4                    # 16-bit pieces per int64 (as in engine.ticker)
 _META = 2                      # columns of the metadata table: step time (ns), samples this step
 HISTORY = 32                   # per-sample times kept per rank for the cpu-mode predictor
 TRACE_LIMIT = 2000             # most size changes kept in the report trace
-
-
-def _decode(words: np.ndarray, size: int) -> np.ndarray:
-    pieces = np.rint(words).astype(np.int64)
-    v = np.zeros(size * _META, np.int64)
-    for k in range(_PIECES):
-        v += pieces[k::_PIECES] << (16 * k)
-    return (v - 1).reshape(size, _META)
 
 
 def _caps(cfg, size: int) -> List[int]:
@@ -183,14 +174,14 @@ def _lbbsp_step(self, closure=None):
     buf[numel:] = 0
     # This rank's row of the (n x 2) table; the others' rows stay zero, so the Sum is an allgather (each row has
     # exactly one contributor and every 16-bit piece is exact in float32/float64).
-    row = np.zeros(_META * _PIECES, buf.dtype)
+    row = np.zeros(_META * META_PIECES, buf.dtype)
     encode_meta(np.array([int(compute * 1e9), b], np.int64), row)
-    r0 = numel + session.rank * _META * _PIECES
-    buf[r0:r0 + _META * _PIECES] = row
+    r0 = numel + session.rank * _META * META_PIECES
+    buf[r0:r0 + _META * META_PIECES] = row
     t0 = time.perf_counter()
     hvd.allreduce_(self._hvd_elastic_tensor, op=hvd.Sum, name="hvd_elastic.lbbsp")
     t1 = time.perf_counter()
-    table = _decode(buf[numel:], n)
+    table = decode_meta(buf[numel:], n, _META)
     total = int(table[:, 1].sum())
     flat.set_gradients(buf[:numel] / total)
     self._hvd_elastic_inner_step()
@@ -207,23 +198,12 @@ def _no_synchronize(self):
 
 def build_lbbsp(optimizer, session, *, compression, op, gradient_predivide_factor, sparse_as_dense, process_set,
                 backward_passes_per_step):
-    from .optimizer import _FlatParams, _skip_synchronize
-    unsupported = []
-    if compression is not hvd.Compression.none:
-        unsupported.append("compression")
-    if op != hvd.Average:
-        unsupported.append("op (only Average: lbbsp weights each rank by its batch size)")
-    if gradient_predivide_factor != 1.0:
-        unsupported.append("gradient_predivide_factor")
-    if sparse_as_dense:
-        unsupported.append("sparse_as_dense")
-    if process_set is not hvd.global_process_set:
-        unsupported.append("process_set (only the global set)")
-    if backward_passes_per_step != 1:
-        unsupported.append("backward_passes_per_step")
-    if unsupported:
-        raise ConfigError(f"policy lbbsp does not support these DistributedOptimizer arguments: "
-                          f"{', '.join(unsupported)}; use policy bsp or the defaults")
+    from .optimizer import _FlatParams, _skip_synchronize, refuse_unsupported_arguments
+    refuse_unsupported_arguments("lbbsp", compression=compression, op=op,
+                                 gradient_predivide_factor=gradient_predivide_factor,
+                                 sparse_as_dense=sparse_as_dense, process_set=process_set,
+                                 op_note="only Average: lbbsp weights each rank by its batch size",
+                                 also=["backward_passes_per_step"] if backward_passes_per_step != 1 else [])
     ctl = LbbspController(session.cfg, session.rank, session.size, session.telemetry)
     params = [p for g in optimizer.param_groups for p in g["params"]]
     flat = _FlatParams(params)
@@ -237,7 +217,7 @@ def build_lbbsp(optimizer, session, *, compression, op, gradient_predivide_facto
     optimizer._hvd_elastic_flat = flat
     optimizer._hvd_elastic_lbbsp = ctl
     optimizer._hvd_elastic_inner_step = types.MethodType(base.step, optimizer)
-    optimizer._hvd_elastic_buffer = np.zeros(flat.numel + session.size * _META * _PIECES, flat.dtype)
+    optimizer._hvd_elastic_buffer = np.zeros(flat.numel + session.size * _META * META_PIECES, flat.dtype)
     optimizer._hvd_elastic_tensor = torch.from_numpy(optimizer._hvd_elastic_buffer)
     hvd.broadcast_parameters({f"p{i}": p for i, p in enumerate(flat.params)}, root_rank=0)
     return optimizer

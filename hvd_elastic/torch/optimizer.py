@@ -21,7 +21,7 @@ from .. import config as _config
 from ..emulation import Straggler
 from ..engine.engine import SyncEngine
 from ..engine.policies import POLICIES as RELAXED_POLICIES, make_policy
-from ..errors import ConfigError, install_excepthook
+from ..errors import ConfigError
 from ..telemetry import Telemetry, finish_report
 
 # Policies this frontend can run; the configuration recognises every policy of the design.
@@ -55,21 +55,6 @@ class _Session:
             self.report = finish_report(self.telemetry, hvd.allgather_object, self.cfg.describe(),
                                         print_on_rank0=self.cfg.report, json_path=self.cfg.report_json)
         return self.report
-
-
-def _load_config(policy_kwargs: Dict[str, Any]) -> _config.Config:
-    install_excepthook()
-    raw = _config.raw_settings(None, policy_kwargs)
-    _config.check_ranks_agree(raw, hvd.allgather_object)
-    cfg = _config.parse_settings(raw)
-    if cfg.policy not in IMPLEMENTED_POLICIES:
-        src = "keyword argument policy" if raw.get("policy", ["env"])[0] == "kwarg" else "HVD_ELASTIC_POLICY"
-        raise ConfigError(f"{src}={cfg.policy!r} is recognised but not implemented yet for PyTorch in this "
-                          f"version; available: {'|'.join(IMPLEMENTED_POLICIES)}")
-    unused = _config.unused_settings(raw, cfg)
-    if unused and hvd.rank() == 0:
-        print(f"hvd_elastic: warning: policy {cfg.policy} does not use {', '.join(unused)}", flush=True)
-    return cfg
 
 
 # ---- bsp ---------------------------------------------------------------------------------------------------------
@@ -179,22 +164,31 @@ def _skip_synchronize(self):
     yield
 
 
-def _build_relaxed(optimizer, session: _Session, compression, op, gradient_predivide_factor, sparse_as_dense,
-                   process_set):
+def refuse_unsupported_arguments(policy, *, compression, op, gradient_predivide_factor, sparse_as_dense,
+                                 process_set, op_note="only Average", also=()):
+    """Horovod DistributedOptimizer arguments a non-bsp policy cannot honour are an error, never ignored."""
     unsupported = []
     if compression is not hvd.Compression.none:
         unsupported.append("compression")
     if op != hvd.Average:
-        unsupported.append("op (only Average)")
+        unsupported.append(f"op ({op_note})")
     if gradient_predivide_factor != 1.0:
         unsupported.append("gradient_predivide_factor")
     if sparse_as_dense:
         unsupported.append("sparse_as_dense")
     if process_set is not hvd.global_process_set:
         unsupported.append("process_set (only the global set)")
+    unsupported.extend(also)
     if unsupported:
-        raise ConfigError(f"policy {session.cfg.policy} does not support these DistributedOptimizer arguments: "
+        raise ConfigError(f"policy {policy} does not support these DistributedOptimizer arguments: "
                           f"{', '.join(unsupported)}; use policy bsp or the defaults")
+
+
+def _build_relaxed(optimizer, session: _Session, compression, op, gradient_predivide_factor, sparse_as_dense,
+                   process_set):
+    refuse_unsupported_arguments(session.cfg.policy, compression=compression, op=op,
+                                 gradient_predivide_factor=gradient_predivide_factor,
+                                 sparse_as_dense=sparse_as_dense, process_set=process_set)
     params = [p for g in optimizer.param_groups for p in g["params"]]
     flat = _FlatParams(params)
     base = optimizer.__class__
@@ -239,7 +233,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
         opt = hvd_elastic.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                                      named_parameters=model.named_parameters())
     """
-    cfg = _load_config(policy_kwargs)
+    cfg = _config.load(policy_kwargs, hvd.allgather_object, hvd.rank(), IMPLEMENTED_POLICIES, "PyTorch")
     session = _Session(cfg)
     if cfg.policy == "bsp":
         opt = hvd.DistributedOptimizer(optimizer, named_parameters=named_parameters, compression=compression,

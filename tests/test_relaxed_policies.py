@@ -62,7 +62,9 @@ def _common_invariants(ranks, policy):
 
 @pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
 def test_asp_never_waits_and_fast_ranks_run_ahead(launcher, tmp_path):
-    reports = _common_invariants(_run(launcher, {"HVD_ELASTIC_POLICY": "asp", **STRAGGLER}, tmp_path), "asp")
+    # 1200 global steps: under Gloo's slow ticks asp's accuracy at 800 steps varied between 0.81 and 0.94.
+    reports = _common_invariants(_run(launcher, {"HVD_ELASTIC_POLICY": "asp", **STRAGGLER}, tmp_path,
+                                      args=("--mode", "train", "--target", "1200")), "asp")
     assert all(rep["wait_share"] < 0.1 for rep in reports), [rep["wait_share"] for rep in reports]
     if launcher == "mpirun":
         fast_steps = [rep["steps"] for rep in reports[:3]]

@@ -76,7 +76,8 @@ def test_rank_disagreement_names_the_ranks():
     raws = [raw_settings({"HVD_ELASTIC_POLICY": p}) for p in ("bsp", "bsp", "ssp")]
     gathered = [{k: v[1] for k, v in r.items()} for r in raws]
     check_ranks_agree(raws[0], lambda mine: [gathered[0]] * 3)   # all equal: no error
-    with pytest.raises(ConfigError, match=r"HVD_ELASTIC_POLICY differs across ranks \(ranks 0,1: 'bsp'; ranks 2: 'ssp'\)"):
+    with pytest.raises(ConfigError,
+                       match=r"HVD_ELASTIC_POLICY differs across ranks \(ranks 0,1: 'bsp'; ranks 2: 'ssp'\)"):
         check_ranks_agree(raws[0], lambda mine: gathered)
 
 

@@ -96,8 +96,8 @@ def test_torch_then_keras_in_one_process(tmp_path):
 
 BAD = {"unknown_policy": ("horovodrun", {"HVD_ELASTIC_POLICY": "nope"},
                           ["HVD_ELASTIC_POLICY='nope' is not valid", "bsp|asp|ssp|dssp|zipline|lbbsp|wbsp"]),
-       "lbbsp_not_for_keras": ("mpirun", {"HVD_ELASTIC_POLICY": "lbbsp"},
-                               ["HVD_ELASTIC_POLICY='lbbsp' is not available for Keras yet"])}
+       "lbbsp_without_global_batch": ("mpirun", {"HVD_ELASTIC_POLICY": "lbbsp"},
+                                      ["policy lbbsp needs the global batch: set HVD_ELASTIC_GLOBAL_BATCH"])}
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

@@ -12,7 +12,12 @@ Keras 3)::
     model.fit(x, y, batch_size=16, epochs=5, callbacks=[sync, hvde.MetricAverageCallback()])
     # every rank holds the same weights; rank 0 has printed where the time went; sync.report is the report
 
-See docs/keras.md for what each policy means with Keras optimizers.
+Under lbbsp (``HVD_ELASTIC_POLICY=lbbsp``, ``HVD_ELASTIC_GLOBAL_BATCH=B``) feed ``model.fit`` with
+:func:`lbbsp_dataset`: each step every rank takes its share of B samples, re-sized so all ranks finish together::
+
+    model.fit(hvde.lbbsp_dataset(opt, (x, y), seed=0), epochs=5, callbacks=[hvde.SyncCallback()])
+
+See docs/keras.md for what each policy means with Keras optimizers, docs/lbbsp.md for LB-BSP.
 """
 from __future__ import annotations
 
@@ -24,7 +29,10 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import ConfigError
+from ..lbbsp import BatchPlan
 from ..tensorflow._core import broadcast_variables, state_of, wrap_optimizer
+
+LOCKSTEP_POLICIES = ("bsp", "lbbsp")   # every rank takes every step together: epoch-end collectives are safe
 
 
 def DistributedOptimizer(optimizer, **policy_kwargs):
@@ -45,8 +53,10 @@ class SyncCallback(keras.callbacks.Callback):
 
     - on_train_begin: broadcasts the model's variables and the optimizer state from `root_rank` (collective) and
       starts the sync engine (relaxed policies);
-    - every batch: bsp -- accounts the step (the allreduce ran in the graph); relaxed -- pushes the step's gradient
-      (wbsp: delta) to the engine, applies delivered ticks and waits while the policy's gate is closed;
+    - every batch: bsp -- accounts the step (the allreduce ran in the graph); lbbsp -- the synchronous exchange of
+      the step's gradient weighted by the rank's batch size, the optimizer's apply, the next batch sizes; relaxed
+      -- pushes the step's gradient (wbsp: delta) to the engine, applies delivered ticks and waits while the
+      policy's gate is closed;
     - on_train_end: final synchronization (every update delivered, identical weights on every rank) and the
       end-of-run report, printed by rank 0 and kept in ``self.report``.
 
@@ -88,6 +98,8 @@ class SyncCallback(keras.callbacks.Callback):
         state = self._state
         if state.cfg.policy == "bsp":
             state.account_bsp_step()
+        elif state.cfg.policy == "lbbsp":
+            state.lbbsp_step(state.deferred_gradient())
         elif state.mode == "defer":
             state.relaxed_step(state.deferred_gradient())
         else:
@@ -112,7 +124,8 @@ class MetricAverageCallback(keras.callbacks.Callback):
     """Average the epoch-end metrics (``logs``) over all ranks. Put it after SyncCallback and before callbacks that
     read the logs (checkpointing, early stopping).
 
-    bsp: one allreduce at every epoch end (the ranks are in lock-step anyway). Relaxed policies: a collective at an
+    bsp, lbbsp: one allreduce at every epoch end (the ranks are in lock-step anyway; under lbbsp each rank's logs
+    are over its own batches and the average is unweighted). Relaxed policies: a collective at an
     epoch end would stop this rank's pushes while another rank may be gated on them (a deadlock), so each rank
     keeps its epoch logs and the average is taken once, after the final synchronization (on_train_end, one
     allgather); the averaged values then replace the per-rank ones in ``model.history`` (ranks that ran fewer
@@ -120,7 +133,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         state = getattr(self.model.optimizer, "_hvd_elastic", None)
-        self._relaxed = state is not None and state.cfg.policy != "bsp"
+        self._relaxed = state is not None and state.cfg.policy not in LOCKSTEP_POLICIES
         self._epochs: List[Dict[str, float]] = []
 
     @staticmethod
@@ -186,10 +199,57 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return {"lr": self.lr, "warmup_steps": self.warmup_steps, "size": self.size}
 
 
+def lbbsp_dataset(optimizer, data, seed: int = 0, drop_last: bool = True, shuffle: bool = True) -> tf.data.Dataset:
+    """The ``tf.data`` input of ``model.fit`` under policy lbbsp: each element is this rank's batch for one step.
+
+    `data` is an array or a tuple of arrays with the same first dimension (``(x, y)`` or ``(x, y, sample_weight)``).
+    Step i of an epoch takes the next B indices of one shuffled order shared by all ranks (``seed + epoch``) and
+    this rank gets its b_p of them -- the size the policy decided after the previous step -- so across ranks an
+    epoch covers every sample exactly once (:class:`hvd_elastic.lbbsp.BatchPlan`; ``drop_last`` as there). The
+    batches are gathered by a ``tf.data`` map, so a further ``.map`` (augmentation, decoding) may follow; nothing
+    may batch, shuffle or prefetch it again: a batch drawn before the previous step is done raises an error.
+    The dataset's length is the number of steps per epoch (``len(data) // B``, rounded up without drop_last)."""
+    state = state_of(optimizer, "lbbsp_dataset")
+    if state.cfg.policy != "lbbsp":
+        raise ConfigError(f"lbbsp_dataset() needs policy lbbsp (HVD_ELASTIC_POLICY=lbbsp); this optimizer runs "
+                          f"policy {state.cfg.policy}")
+    single = not isinstance(data, (tuple, list))
+    arrays = [np.asarray(a) for a in ((data,) if single else data)]
+    if not arrays or any(len(a) != len(arrays[0]) for a in arrays):
+        raise ValueError(f"lbbsp_dataset(): data must be arrays of one length, got lengths "
+                         f"{[len(a) for a in arrays]}")
+    plan = BatchPlan(len(arrays[0]), lambda: state.session.lbbsp, seed=seed, drop_last=drop_last, shuffle=shuffle)
+    tensors = [tf.constant(a) for a in arrays]
+
+    def gather(idx):
+        out = tuple(tf.gather(t, idx) for t in tensors)
+        return out[0] if single else out
+
+    ds = tf.data.Dataset.from_generator(
+        lambda: plan.batches("hvd_elastic.keras.lbbsp_dataset (do not prefetch it)"),
+        output_signature=tf.TensorSpec([None], tf.int64))
+    options = tf.data.Options()
+    # One batch per step, drawn when the step starts: tf.data's default optimizations read ahead (measured on TF
+    # 2.21: two elements ahead of the consumer even with inject_prefetch off).
+    options.experimental_optimization.apply_default_optimizations = False
+    options.experimental_optimization.inject_prefetch = False
+    ds = ds.with_options(options).map(gather)
+    return ds.apply(tf.data.experimental.assert_cardinality(len(plan)))
+
+
+def batch_sizes(optimizer) -> List[int]:
+    """Every rank's batch size for the next step (identical on every rank), under policy lbbsp."""
+    lbbsp = state_of(optimizer, "batch_sizes").session.lbbsp
+    if lbbsp is None:
+        raise TypeError("batch_sizes() needs an optimizer made by hvd_elastic.keras.DistributedOptimizer with policy "
+                        "lbbsp")
+    return list(lbbsp.sizes)
+
+
 def global_steps(optimizer) -> int:
     """Steps taken by all ranks together, as far as this rank knows."""
     return state_of(optimizer, "global_steps").global_steps()
 
 
-__all__ = ["DistributedOptimizer", "MetricAverageCallback", "SyncCallback", "WarmupSchedule", "broadcast_variables",
-           "global_steps", "scale_lr"]
+__all__ = ["DistributedOptimizer", "MetricAverageCallback", "SyncCallback", "WarmupSchedule", "batch_sizes",
+           "broadcast_variables", "global_steps", "lbbsp_dataset", "scale_lr"]

@@ -10,6 +10,8 @@ How the wrapped optimizer's ``apply()`` behaves, by mode (set when training star
   callback hands them to the engine at ``on_train_batch_end`` (eager), and the engine applies ticks with the
   optimizer's own ``apply`` (a ``tf.function`` over one flat gradient).
 - "local" (model.fit, wbsp): the optimizer steps the rank's own copy in the graph; the callback uploads the delta.
+- "defer" also serves lbbsp under model.fit: the callback runs the synchronous weighted exchange
+  (hvd_elastic.lbbsp) on the stored gradient and applies the result with the optimizer's own ``apply``.
 - "eager" (custom loops, relaxed policies): ``apply_gradients`` must be called eagerly and does the engine step.
 """
 from __future__ import annotations
@@ -26,14 +28,17 @@ from ..emulation import Straggler
 from ..engine.engine import SyncEngine
 from ..engine.policies import POLICIES as RELAXED_POLICIES, make_policy
 from ..errors import ConfigError, HvdElasticError
+from ..lbbsp import LbbspController
 from ..telemetry import Telemetry, finish_report
 
-IMPLEMENTED_POLICIES = ("bsp",) + tuple(RELAXED_POLICIES)
+# Policies each frontend can run (lbbsp needs its data path: hvd_elastic.keras.lbbsp_dataset for model.fit).
+IMPLEMENTED_POLICIES = {"Keras": ("bsp", "lbbsp") + tuple(RELAXED_POLICIES),
+                        "TensorFlow": ("bsp",) + tuple(RELAXED_POLICIES)}
 
 
 def load_config(policy_kwargs: Dict[str, Any], frontend: str) -> _config.Config:
     return _config.load(policy_kwargs, lambda obj: hvd.allgather_object(obj, name="hvd_elastic.config"),
-                        hvd.rank(), IMPLEMENTED_POLICIES, frontend)
+                        hvd.rank(), IMPLEMENTED_POLICIES[frontend], frontend)
 
 
 def _np(v) -> np.ndarray:
@@ -129,11 +134,12 @@ class _Session:
         self.straggler = Straggler.from_config(cfg, self.rank, self.size)
         self.last_step_end = time.perf_counter()
         self.engine: Optional[SyncEngine] = None
+        self.lbbsp = LbbspController(cfg, self.rank, self.size, self.telemetry) if cfg.policy == "lbbsp" else None
         self.report: Optional[Dict[str, Any]] = None
 
-    def begin_step(self) -> float:
+    def begin_step(self, samples: int = 0) -> float:
         compute = time.perf_counter() - self.last_step_end
-        slept = self.straggler.pause(compute)
+        slept = self.straggler.pause(compute, samples)
         self.telemetry.emulated_s += slept
         return compute + slept
 
@@ -145,7 +151,7 @@ class ElasticState:
         self.optimizer, self.base_cls, self.policy_kwargs, self.frontend = optimizer, base_cls, policy_kwargs, frontend
         self.session = _Session(cfg)
         self.mode = "bsp" if cfg.policy == "bsp" else "eager"
-        self.kind = None if cfg.policy == "bsp" else make_policy(cfg).kind
+        self.kind = make_policy(cfg).kind if cfg.policy in RELAXED_POLICIES else None
         self.blocked = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="hvd_elastic_blocked")
         self.flat: Optional[_FlatVars] = None
         self.buffers: Optional[List[tf.Variable]] = None
@@ -175,12 +181,17 @@ class ElasticState:
         if mode is not None:
             self.mode = mode
         if self.session.cfg.policy != "bsp":
-            self._start_engine(trainable_variables)
+            self._build_flat(trainable_variables)
+        if self.session.lbbsp is not None:
+            self.session.lbbsp.bind(self.flat.numel, self.flat.dtype)
+        elif self.session.cfg.policy != "bsp":
+            self._start_engine()
         self.started = True
         self.session.last_step_end = time.perf_counter()
 
-    def _start_engine(self, trainable_variables):
-        s = self.session
+    def _build_flat(self, trainable_variables):
+        """The flat layout of the trained variables, the gradient buffers (defer mode), and ``_apply_flat``: the
+        optimizer's own apply over one flat gradient."""
         self.flat = flat = _FlatVars(trainable_variables)
         if self.mode == "defer" and self.buffers is None:
             self.buffers = [tf.Variable(tf.zeros(shape, flat.dtype), trainable=False, name="hvd_elastic_grad")
@@ -192,6 +203,9 @@ class ElasticState:
             base_apply(opt, flat.split(g), flat.variables)
 
         self._apply_flat = apply_flat
+
+    def _start_engine(self):
+        s, flat, apply_flat = self.session, self.flat, self._apply_flat
         epoch_ns = hvd.broadcast_object(time.time_ns(), root_rank=0, name="hvd_elastic.epoch")
         s.engine = SyncEngine(make_policy(s.cfg), s.rank, s.size, flat.numel, flat.dtype, _allreduce_sum,
                               s.telemetry, tick_s=s.cfg.tick_ms / 1000.0, epoch_ns=epoch_ns,
@@ -230,6 +244,23 @@ class ElasticState:
         s.engine.step(flat_grad, compute)
         s.telemetry.add_step(compute)
         s.last_step_end = time.perf_counter()
+
+    def lbbsp_step(self, flat_grad: np.ndarray):
+        """One lbbsp step (eager): the synchronous weighted exchange of this rank's mean gradient over its b_p
+        samples, the optimizer's apply of the global-batch gradient, the next batch sizes."""
+        s, ctl = self.session, self.session.lbbsp
+        if ctl.drawn is None:
+            raise ConfigError("policy lbbsp: the batches must come from hvd_elastic.keras.lbbsp_dataset(optimizer, "
+                              "data) (one per step, sized by the policy); this step's batch did not")
+        compute = s.begin_step(samples=ctl.local_batch())
+        buf = ctl.buffer
+        grad, table, blocked = ctl.exchange(flat_grad, compute, lambda: _allreduce_sum([buf], "hvd_elastic.lbbsp"))
+        t1 = time.perf_counter()
+        self._apply_flat(tf.convert_to_tensor(grad))
+        ctl.update(table)
+        t2 = time.perf_counter()
+        s.telemetry.add_step(compute + (t2 - t1), blocked)
+        s.last_step_end = t2
 
     def deferred_gradient(self) -> np.ndarray:
         return self.flat.flatten(self.buffers)
@@ -280,6 +311,9 @@ def _elastic_apply(self, grads, trainable_variables=None):
     if state.mode == "local":
         return state.base_cls.apply(self, grads, trainable_variables)
     # "eager": custom training loop under a relaxed policy
+    if state.session.lbbsp is not None:
+        raise ConfigError("policy lbbsp runs under model.fit: add hvd_elastic.keras.SyncCallback() to the callbacks "
+                          "and feed hvd_elastic.keras.lbbsp_dataset(optimizer, data)")
     if not tf.executing_eagerly():
         raise ConfigError(f"policy {state.cfg.policy}: call apply_gradients() eagerly (outside tf.function) in a "
                           f"custom loop -- compute the gradients in a tf.function -- or, with model.fit, add "

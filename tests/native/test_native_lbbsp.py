@@ -1,7 +1,6 @@
 """LB-BSP batch sizing: CPU mode (proportional apportionment under caps) and the GPU-mode step controller."""
 import math
 
-import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st

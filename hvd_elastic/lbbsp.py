@@ -1,0 +1,243 @@
+"""LB-BSP (Chen et al., SoCC 2020), framework-free part: still BSP, but each rank's batch size is re-sized at
+every iteration boundary so that all ranks finish the iteration together, with the global batch B fixed.
+
+The frontends (``hvd_elastic.torch``, ``hvd_elastic.keras``) only move tensors; the rules live here and in the
+native module:
+
+- :meth:`LbbspController.exchange` -- every step is one synchronous Sum-allreduce of ``[b_p * g_p | metadata]``,
+  where g_p is the rank's mean gradient over its b_p samples and the metadata table (each rank fills its own row:
+  step time in ns, b_p, whether the batch starts a pass over the data) rides in the same buffer as exact 16-bit pieces (``engine.ticker.encode_meta``). The
+  applied gradient is ``sum_p b_p g_p / sum_p b_p``: the gradient of one process over the whole global batch.
+- :meth:`LbbspController.update` -- the next sizes, from the table every rank received (so every rank feeds the
+  same inputs to the native rule and gets the same sizes): cpu mode ``lbbsp_batch_sizes_cpu`` over the throughput
+  ``v_p = 1 / predicted per-sample time`` (predictor ``HVD_ELASTIC_PREDICTOR`` over each rank's per-sample time
+  history), gpu mode ``LbbspGpuController.update`` over step times averaged over its window. The step time is
+  this rank's computation (data, forward, backward, emulated delay), not the wait in the allreduce.
+- :class:`BatchPlan` -- the data: each step takes the next B indices of one shuffled order shared by all ranks
+  (same seed, per epoch) and rank p takes its slice of b_p of them, at offset ``sum_{q<p} b_q``; so an epoch
+  covers every sample exactly once across ranks whatever the sizes.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from . import _native
+from .engine.ticker import META_PIECES, decode_meta, encode_meta
+from .errors import ConfigError, HvdElasticError
+
+_META = 3                      # columns of the metadata table: step time (ns), samples, first step of a pass
+HISTORY = 32                   # per-sample times kept per rank for the cpu-mode predictor
+TRACE_LIMIT = 2000             # most size changes kept in the report trace
+
+
+def _caps(cfg, size: int) -> List[int]:
+    spec = cfg.lbbsp_caps
+    for key in spec:
+        if key != "*" and key >= size:
+            raise ConfigError(f"HVD_ELASTIC_LBBSP_CAPS names rank {key} but the job has {size} ranks (0..{size - 1})")
+    return [int(spec.get(p, spec.get("*", cfg.global_batch))) for p in range(size)]
+
+
+def check_settings(cfg, size: int) -> List[int]:
+    """Validate the lbbsp settings against the job; returns the per-rank caps. Same inputs on every rank, so every
+    rank raises the same ConfigError."""
+    B = cfg.global_batch
+    if B == 0:
+        raise ConfigError("policy lbbsp needs the global batch: set HVD_ELASTIC_GLOBAL_BATCH (or global_batch=) to "
+                          "the number of samples all ranks take together per step")
+    if B < size:
+        raise ConfigError(f"HVD_ELASTIC_GLOBAL_BATCH={B} is smaller than the number of ranks ({size}); accepted: "
+                          f"integer >= {size} (every rank takes at least one sample per step)")
+    caps = _caps(cfg, size)
+    if sum(min(c, B) for c in caps) < B:
+        raise ConfigError(f"HVD_ELASTIC_LBBSP_CAPS caps sum to {sum(caps)} samples, below HVD_ELASTIC_GLOBAL_BATCH="
+                          f"{B}: the ranks cannot hold the global batch")
+    return [min(c, B) for c in caps]
+
+
+class LbbspController:
+    """The per-job state every rank holds identically: current sizes, the rule, and the telemetry of the sizes."""
+
+    def __init__(self, cfg, rank: int, size: int, telemetry):
+        self.cfg, self.rank, self.size, self.telemetry = cfg, rank, size, telemetry
+        self.batch_size = cfg.global_batch
+        self.caps = check_settings(cfg, size)
+        self.mode = cfg.lbbsp_mode
+        self.steps = 0                     # completed synchronous steps
+        self.drawn: Optional[int] = None   # size of the batch the sampler handed out for the next step
+        self.drawn_at = -1                 # self.steps when the sampler last handed out a batch
+        self.pass_start = False            # the batch drawn for this step is the first of a pass over the data
+        self.history = [[] for _ in range(size)]   # per-sample ns, per rank (cpu mode)
+        self.window_times: List[np.ndarray] = []   # gpu mode: step times since the last update
+        if self.mode == "gpu":
+            self.gpu = _native.LbbspGpuController(self.batch_size, self.caps)
+            self.sizes = list(self.gpu.sizes)
+        else:
+            self.gpu = None
+            self.sizes = list(_native.lbbsp_batch_sizes_cpu([1.0] * size, self.batch_size, self.caps))
+        self.resizes = 0
+        self.trace = [[0, self.sizes[rank]]]
+        self.size_min = self.size_max = self.sizes[rank]
+        self.step_ns_sum = 0
+        self.step_ms_trace: List[float] = []   # this rank's mean step time over each block of 10 steps
+        self._block: List[int] = []
+        self.buffer: Optional[np.ndarray] = None   # [b_p * g_p | n x _META table], see bind()
+        self.numel = 0
+        self._publish()
+
+    def bind(self, numel: int, dtype) -> np.ndarray:
+        """Allocate the step's allreduce buffer for a model of `numel` parameters (the frontend wraps it in its own
+        tensor type without copying, so the collective reduces it in place)."""
+        self.numel = int(numel)
+        self.buffer = np.zeros(self.numel + self.size * _META * META_PIECES, dtype)
+        return self.buffer
+
+    def exchange(self, grad: np.ndarray, compute_s: float,
+                 allreduce: Callable[[], None]) -> Tuple[np.ndarray, np.ndarray, float]:
+        """One synchronous step's collective: `grad` is this rank's mean gradient over its local batch, `allreduce`
+        Sum-reduces :attr:`buffer` in place on every rank. Returns (the gradient over the global batch, the table
+        of every rank's (step ns, samples, pass start), seconds blocked in the collective). Call :meth:`update` with the table
+        once the gradient is applied."""
+        b, numel, buf = self.local_batch(), self.numel, self.buffer
+        buf[:numel] = grad
+        buf[:numel] *= b
+        buf[numel:] = 0
+        # This rank's row of the (n x _META) table; the others' rows stay zero, so the Sum is an allgather (each
+        # row has exactly one contributor and every 16-bit piece is exact in float32/float64).
+        row = np.zeros(_META * META_PIECES, buf.dtype)
+        encode_meta(np.array([int(compute_s * 1e9), b, int(self.pass_start)], np.int64), row)
+        r0 = numel + self.rank * _META * META_PIECES
+        buf[r0:r0 + _META * META_PIECES] = row
+        t0 = time.perf_counter()
+        allreduce()
+        blocked = time.perf_counter() - t0
+        table = decode_meta(buf[numel:], self.size, _META)
+        return buf[:numel] / int(table[:, 1].sum()), table, blocked
+
+    @property
+    def offset(self) -> int:
+        return int(sum(self.sizes[:self.rank]))
+
+    def local_batch(self) -> int:
+        return self.drawn if self.drawn is not None else self.sizes[self.rank]
+
+    def _predict(self, history: List[int]) -> int:
+        p = self.cfg.predictor
+        if p == "ewma":
+            return _native.predict_ewma_interval(history)
+        if p == "arx":
+            return _native.predict_arx_interval(history)
+        return _native.predict_last_interval(history)
+
+    def update(self, meta: np.ndarray):
+        """One iteration boundary: meta[p] = (step ns, samples, pass start) of every rank; decide the next sizes
+        (from the table only, so every rank decides the same)."""
+        step_ns, samples = meta[:, 0], meta[:, 1]
+        if self.steps == 0 or meta[:, 2].any():
+            # The first step's time includes each rank's start-up since the optimizer was built, and the first step
+            # of a pass over the data the framework's epoch-boundary work (measured: 0.1-0.25 s under Keras with 4
+            # ranks on 2 cores, uneven across ranks): not a speed.
+            new = self.sizes
+        elif self.mode == "gpu":
+            self.window_times.append(step_ns.copy())
+            if len(self.window_times) >= self.gpu.window:
+                mean = np.mean(np.stack(self.window_times), axis=0)
+                self.window_times = []
+                new = list(self.gpu.update([int(round(t)) for t in mean]))
+            else:
+                new = self.sizes
+        else:
+            for p in range(self.size):
+                h = self.history[p]
+                h.append(max(1, int(step_ns[p] // max(int(samples[p]), 1))))
+                del h[:-HISTORY]
+            throughput = [1e9 / max(self._predict(h), 1) for h in self.history]
+            new = list(_native.lbbsp_batch_sizes_cpu(throughput, self.batch_size, self.caps))
+        self.steps += 1
+        mine = int(step_ns[self.rank])
+        self.step_ns_sum += mine
+        self._block.append(mine)
+        if len(self._block) == 10:
+            self.step_ms_trace.append(round(float(np.mean(self._block)) / 1e6, 3))
+            self._block = []
+        if new != self.sizes:
+            self.resizes += 1
+            if new[self.rank] != self.sizes[self.rank] and len(self.trace) < TRACE_LIMIT:
+                self.trace.append([self.steps, int(new[self.rank])])
+            self.sizes = [int(b) for b in new]
+        self.size_min = min(self.size_min, self.sizes[self.rank])
+        self.size_max = max(self.size_max, self.sizes[self.rank])
+        self.drawn = None
+        self.pass_start = False
+        self._publish()
+
+    def _publish(self):
+        c = self.telemetry.counters
+        c["lbbsp_sizes"] = list(self.sizes)               # the sizes for the next step, every rank's
+        c["lbbsp_size_min"], c["lbbsp_size_max"] = self.size_min, self.size_max
+        c["lbbsp_resizes"] = self.resizes
+        c["lbbsp_step_ms_mean"] = round(self.step_ns_sum / max(self.steps, 1) / 1e6, 3)
+        # dict: kept out of the printed table, carried by the JSON report
+        c["lbbsp_trace"] = {"size_changes": self.trace, "step_ms_per_10": self.step_ms_trace}
+
+
+class BatchPlan:
+    """Which samples each rank takes at each step of an epoch, under policy lbbsp (used by the frontends' data
+    paths: ``hvd_elastic.torch.LbbspSampler``, ``hvd_elastic.keras.lbbsp_dataset``).
+
+    Each epoch shuffles ``range(dataset_len)`` with ``seed + epoch`` (numpy's default generator: the same order on
+    every rank; no shuffle with ``shuffle=False``). Step i of the epoch takes positions ``[i B, (i+1) B)`` of that
+    order; rank p takes the ``b_p`` of them at offset ``sum_{q<p} b_q``, with the sizes decided after the previous
+    step. The remainder ``dataset_len % B`` is dropped (``drop_last=True``) or the last global batch is completed
+    from the start of the order (``drop_last=False``: every sample at least once). Each pass uses the epoch set by
+    :meth:`set_epoch` or else the previous pass's epoch + 1 (0 first). A batch's size is only known once the
+    previous step is done, so drawing ahead of the steps (prefetching) raises HvdElasticError."""
+
+    def __init__(self, dataset_len: int, controller: Callable[[], LbbspController], seed: int = 0,
+                 drop_last: bool = True, shuffle: bool = True):
+        self.n = int(dataset_len)
+        self._controller = controller          # a callable: the frontend's current controller
+        self.B = controller().batch_size
+        if self.n < self.B:
+            raise ConfigError(f"the dataset has {self.n} samples, fewer than the global batch "
+                              f"HVD_ELASTIC_GLOBAL_BATCH={self.B}: lower the global batch or use more data")
+        self.seed, self.drop_last, self.shuffle = int(seed), bool(drop_last), bool(shuffle)
+        self.epoch = 0                         # the next pass's epoch
+
+    def set_epoch(self, epoch: int):
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        """Steps per epoch."""
+        return self.n // self.B if self.drop_last else -(-self.n // self.B)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The epoch's shared order of sample indices (identical on every rank); global batch i is positions
+        [i B, (i+1) B). With drop_last=False it is completed to a multiple of B from its own start."""
+        if self.shuffle:
+            order = np.random.default_rng(self.seed + epoch).permutation(self.n)
+        else:
+            order = np.arange(self.n)
+        if not self.drop_last and self.n % self.B:
+            order = np.concatenate([order, order[:self.B - self.n % self.B]])
+        return order.astype(np.int64)
+
+    def batches(self, what: str) -> Iterator[np.ndarray]:
+        """One epoch: this rank's indices for each step. `what` names the caller in the prefetch error."""
+        # The epoch is taken when the pass starts: a pass need not run to its end (Keras stops reading a dataset
+        # of known length after its last step).
+        epoch = self.epoch
+        self.epoch = epoch + 1
+        order = self.order(epoch)
+        for i in range(len(self)):
+            ctl = self._controller()
+            if ctl.drawn is not None and ctl.drawn_at == ctl.steps:
+                raise HvdElasticError(f"{what}: a batch was drawn before the previous one was stepped; lbbsp decides "
+                                      f"each batch's size after the previous step, so draw one batch per step")
+            start = i * self.B + ctl.offset
+            b = ctl.sizes[ctl.rank]
+            ctl.drawn, ctl.drawn_at, ctl.pass_start = b, ctl.steps, i == 0
+            yield order[start:start + b]

@@ -1,0 +1,121 @@
+"""LB-BSP for Keras 3 model.fit on real multi-rank runs (invariant 6 of architecture.md; issue 6, Keras half).
+
+- every step's batch sizes sum to the global batch B and are the same on every rank; the tf.data pipeline of
+  hvd_elastic.keras.lbbsp_dataset gives each rank exactly the size decided for it;
+- within an epoch every sample is trained on exactly once across ranks (the train step records the indices it saw);
+- the applied gradient equals one process's gradient over the same global batch (rank 0 recomputes it);
+- under a 3x straggler (per-sample emulated delay) the sizes approach the speed ratio and the fast ranks' wait
+  share falls well below bsp's with the same straggler;
+- a pipeline that reads ahead (prefetch) is refused; bad input stops every rank with one line.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from launch import launch
+from test_bad_input import _assert_every_rank_failed_with
+
+WORKER = "tests/workers/keras_lbbsp.py"
+
+
+def _run(launcher, np_, args, env, tmp_path, timeout=240):
+    res = launch(launcher, np_, WORKER, [tmp_path, *args], env=env, timeout=timeout)
+    assert res.returncode == 0 and not res.timed_out, res.output[-4000:]
+    return [json.load(open(os.path.join(tmp_path, f"rank{r}.json"))) for r in range(np_)]
+
+
+CHECK = {  # launcher, ranks, B, samples, extra env, extra args
+    "cpu_mpirun": ("mpirun", 3, 48, 480, {"HVD_ELASTIC_PREDICTOR": "ewma"}, []),
+    # gpu mode, caps, and a dataset that is not a multiple of B with padding (drop_last=False)
+    "gpu_caps_pad_horovodrun": ("horovodrun", 3, 48, 500,
+                                {"HVD_ELASTIC_LBBSP_MODE": "gpu", "HVD_ELASTIC_LBBSP_CAPS": "*:30,1:20"}, ["--pad"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHECK))
+def test_keras_sizes_sum_to_B_each_sample_once_per_epoch_and_gradient_is_the_global_batch_gradient(case, tmp_path):
+    launcher, n, B, samples, env, extra = CHECK[case]
+    env = {"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_GLOBAL_BATCH": str(B),
+           "HVD_ELASTIC_EMULATE_SAMPLE_DELAY": "*:0.0003,2:0.0015", **env}
+    epochs = 2
+    ranks = _run(launcher, n, ["--mode", "check", "--samples", samples, "--epochs", epochs, *extra], env, tmp_path)
+    steps_per_epoch = -(-samples // B) if "--pad" in extra else samples // B
+    caps = [20 if p == 1 else 30 for p in range(n)] if "CAPS" in str(env) else [B] * n
+    for r in ranks:
+        assert len(r["steps"]) == epochs * steps_per_epoch and r["len_dataset"] == steps_per_epoch
+        assert [s["sizes"] for s in r["steps"]] == [s["sizes"] for s in ranks[0]["steps"]]   # same on every rank
+        for s in r["steps"]:
+            assert sum(s["sizes"]) == B, s                                   # invariant 6: sum is B, every step
+            assert all(1 <= b <= c for b, c in zip(s["sizes"], caps)), s
+            assert s["local"] == s["sizes"][r["rank"]]                       # the pipeline gave what was decided
+        assert "draw one batch per step" in r["prefetch_error"], r["prefetch_error"][-500:]
+    sizes = np.array([s["sizes"] for s in ranks[0]["steps"]])
+    assert len({tuple(s) for s in sizes}) > 1, "the sizes never changed"
+    # rank 2 is the slow one (rank 0 also computes the reference gradient, so only rank 1 is surely fast)
+    assert sizes[-5:, 2].mean() < B / n < sizes[-5:, 1].mean(), sizes[-5:]
+    for e in range(epochs):
+        seen = sorted(i for r in ranks for i in r["indices"][e])
+        if "--pad" in extra:   # every sample at least once; the last global batch is completed from the start
+            assert set(seen) == set(range(samples)) and len(seen) == steps_per_epoch * B
+        else:                  # every sample exactly once
+            assert seen == list(range(samples))
+    assert ranks[0]["indices"][0] != ranks[0]["indices"][1]                  # a new shuffle each epoch
+    assert ranks[0]["grad_checked"] == epochs * steps_per_epoch
+    assert ranks[0]["grad_err"] < 1e-5, ranks[0]["grad_err"]                # float32 (w_before - w_after) / lr
+    assert len({r["weights_sha256"] for r in ranks}) == 1
+    counters = [r["report"]["ranks"][r["rank"]]["counters"] for r in ranks]
+    final = counters[0]["lbbsp_sizes"]       # decided after the last step (not recorded in the steps)
+    changes = int((sizes[1:] != sizes[:-1]).any(axis=1).sum()) + int(final != list(sizes[-1]))
+    assert all(c["lbbsp_sizes"] == final and c["lbbsp_resizes"] == changes for c in counters), (counters, changes)
+
+
+STEPS = 200
+FAST, SLOW = 0.001, 0.003            # seconds per sample: rank 3 is 3x slower
+
+
+def test_keras_straggler_sizes_follow_speed_ratio_and_fast_ranks_stop_waiting(tmp_path):
+    lb_dir, bsp_dir = tmp_path / "lbbsp", tmp_path / "bsp"
+    lb_dir.mkdir(), bsp_dir.mkdir()
+    args = ["--mode", "train", "--steps", STEPS]
+    lb = _run("mpirun", 4, args, {"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_GLOBAL_BATCH": "64",
+                                  "HVD_ELASTIC_PREDICTOR": "ewma",
+                                  "HVD_ELASTIC_EMULATE_SAMPLE_DELAY": f"*:{FAST},3:{SLOW}"}, lb_dir)
+    # bsp baseline: the same per-sample costs at the even split (16 samples a rank), as per-step delays
+    bsp = _run("mpirun", 4, args, {"HVD_ELASTIC_POLICY": "bsp", "HVD_ELASTIC_GLOBAL_BATCH": "64",
+                                   "HVD_ELASTIC_EMULATE_DELAY": f"*:{16 * FAST},3:{16 * SLOW}"}, bsp_dir)
+    sizes = np.array(lb[0]["sizes"])
+    assert all(r["sizes"] == lb[0]["sizes"] for r in lb)
+    assert (sizes.sum(axis=1) == 64).all()
+    assert len({r["weights_sha256"] for r in lb}) == 1
+    # Speed ratio 3:3:3:1 means 19.2 / 6.4 samples; the fixed per-step costs pull towards the even 16.
+    late = sizes[-60:].mean(axis=0)
+    assert late[3] < 11 and late[:3].min() > 17, late
+    lb_wait = [r["wait_share"] for r in lb[0]["report"]["ranks"]]
+    bsp_wait = [r["wait_share"] for r in bsp[0]["report"]["ranks"]]
+    assert max(lb_wait[:3]) < 0.6 * min(bsp_wait[:3]), (lb_wait, bsp_wait)
+    assert lb[0]["accuracy"] > 0.85 and bsp[0]["accuracy"] > 0.85, (lb[0]["accuracy"], bsp[0]["accuracy"])
+    counters = lb[0]["report"]["ranks"][3]["counters"]
+    assert counters["lbbsp_size_min"] < 11 and counters["lbbsp_resizes"] > 0
+
+
+BAD = {
+    "dataset_smaller_than_B": ({"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_GLOBAL_BATCH": "64",
+                                "TEST_DATASET_LEN": "50"}, [],
+                               ["the dataset has 50 samples, fewer than the global batch HVD_ELASTIC_GLOBAL_BATCH=64"]),
+    "B_below_ranks": ({"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_GLOBAL_BATCH": "1"}, [],
+                      ["HVD_ELASTIC_GLOBAL_BATCH=1 is smaller than the number of ranks (2)"]),
+    "dataset_under_another_policy": ({"HVD_ELASTIC_POLICY": "ssp"}, [],
+                                     ["lbbsp_dataset() needs policy lbbsp", "this optimizer runs policy ssp"]),
+    "custom_loop_frontend": ({"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_GLOBAL_BATCH": "64"},
+                             ["--frontend", "tensorflow"],
+                             ["HVD_ELASTIC_POLICY='lbbsp' is not available for TensorFlow yet"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_keras_lbbsp_input_stops_every_rank_with_one_line(case, tmp_path):
+    env, args, needles = BAD[case]
+    res = launch("mpirun", 2, WORKER, [tmp_path, "--mode", "bad", *args], env=env, timeout=120)
+    _assert_every_rank_failed_with(res, 2, *needles)

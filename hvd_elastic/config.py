@@ -154,6 +154,15 @@ KNOBS = (
     Knob("emulate_sample_delay", {}, _per_rank(0.0), "'*:SECONDS,RANK:SECONDS,...' with SECONDS >= 0",
          "Emulated straggler: extra sleep per sample of the rank's batch (lbbsp, where batch sizes differ).",
          ("lbbsp",)),
+    Knob("emulate_jitter", {}, _per_rank(0.0), "'*:J,RANK:J,...' with J >= 0",
+         "Emulated noise: each step's emulated extra sleep is multiplied by a factor drawn uniformly in "
+         "[1 - J, 1 + J] (at least 0)."),
+    Knob("emulate_vary_period", 0.0, _float(0.0), "number >= 0 (seconds; 0: off)",
+         "Emulated non-dedicated machines: every this many seconds each rank redraws its speed (see "
+         "HVD_ELASTIC_EMULATE_VARY_FACTOR)."),
+    Knob("emulate_vary_factor", {}, _per_rank(1.0), "'*:FACTOR,RANK:FACTOR,...' with FACTOR >= 1",
+         "Emulated non-dedicated machines: the emulated extra sleep is multiplied by a factor redrawn uniformly in "
+         "[1, FACTOR] every HVD_ELASTIC_EMULATE_VARY_PERIOD seconds (seeded by rank: reproducible)."),
     Knob("report", True, _bool, "0|1",
          "Rank 0 prints the per-rank time breakdown at the end of the run."),
     Knob("report_json", "", _text, "a file path, or empty",
@@ -179,6 +188,9 @@ class Config:
     emulate_delay: Mapping[Any, float] = dataclasses.field(default_factory=dict)
     emulate_slowdown: Mapping[Any, float] = dataclasses.field(default_factory=dict)
     emulate_sample_delay: Mapping[Any, float] = dataclasses.field(default_factory=dict)
+    emulate_jitter: Mapping[Any, float] = dataclasses.field(default_factory=dict)
+    emulate_vary_period: float = 0.0
+    emulate_vary_factor: Mapping[Any, float] = dataclasses.field(default_factory=dict)
     report: bool = True
     report_json: str = ""
 
@@ -195,7 +207,7 @@ class Config:
             if key != "*" and key >= size:
                 raise ConfigError(f"{knob.variable} names rank {key} but the job has {size} ranks (0..{size - 1})")
         if default is None:
-            default = 1.0 if name == "emulate_slowdown" else 0.0
+            default = 1.0 if name in ("emulate_slowdown", "emulate_vary_factor") else 0.0
         return spec.get(rank, spec.get("*", default))
 
     def describe(self) -> Dict[str, Any]:

@@ -25,8 +25,8 @@ from typing import Dict, List, Optional
 BASE = 0.0005                     # emulated seconds per sample at speed 1 (16 samples: an 8 ms step)
 BATCH = 16                        # per-rank batch; lbbsp's global batch is BATCH x ranks
 
-# name -> (description, per-rank time factors (x BASE per sample), per-rank extra seconds per step, jitter,
-#          non-dedicated period s, non-dedicated max factor)
+# name -> (description, per-rank time factors (x BASE per sample), per-rank extra seconds per step at BASE (scaled
+#          with --sample-ms), jitter, non-dedicated period s, non-dedicated max factor)
 PROFILES: Dict[str, tuple] = {
     "homogeneous": ("every rank at speed 1", [1, 1, 1, 1], [0, 0, 0, 0], 0.0, 0.0, 1.0),
     "static": ("speeds 1 : 1 : 1 : 1/3 (rank 3 three times slower)", [1, 1, 1, 3], [0, 0, 0, 0], 0.0, 0.0, 1.0),
@@ -89,8 +89,8 @@ def run_one(frontend: str, profile: str, policy: str, opts, workdir: str) -> Dic
     out = os.path.join(workdir, f"{frontend}-{profile}-{policy}.json")
     args = ["--out", out, "--data", os.path.join(workdir, "digits.npz"), "--global-steps", str(opts.global_steps),
             "--batch-size", str(BATCH),
-            "--sample-delay", ",".join(f"{BASE * f:g}" for f in factors),
-            "--step-delay", ",".join(f"{d:g}" for d in step_delay), "--jitter", str(jitter),
+            "--sample-delay", ",".join(f"{opts.sample_ms / 1000 * f:g}" for f in factors),
+            "--step-delay", ",".join(f"{d * opts.sample_ms / 1000 / BASE:g}" for d in step_delay), "--jitter", str(jitter),
             "--vary-period", str(period), "--vary-factor", str(vary)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("HVD_ELASTIC_")}
     env.update({"HVD_ELASTIC_REPORT": "0", "PYTHONUNBUFFERED": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1",
@@ -201,7 +201,7 @@ def markdown(rows: List[Dict], target: float, opts, images: List[str], img_prefi
            f"4 ranks on one machine ({os.cpu_count()} cores), launcher `{opts.launcher}`, MLP 64-256-256-10 on "
            f"scikit-learn's digits, per-rank batch {BATCH} (lbbsp: global batch {4 * BATCH}), "
            f"{opts.global_steps} global steps of {BATCH} samples per job, SGD lr 0.2 momentum 0.5. Emulated speed: "
-           f"{BASE * 1000:g} ms per sample x the rank's factor (sleep). Time to accuracy: first evaluation of rank "
+           f"{opts.sample_ms:g} ms per sample x the rank's factor (sleep; the H profiles' extra per step scales with it). Time to accuracy: first evaluation of rank "
            f"0's model at or above {target} (every 4 local steps). Shares: of each rank's wall time; fast ranks are "
            f"ranks 0 and 1.", ""]
     for fe in sorted({r["frontend"] for r in rows}):
@@ -283,15 +283,20 @@ def parse_args(argv=None):
     ap.add_argument("--frontends", default="torch,keras", help="torch, keras (keras: profile static, policies "
                     f"{', '.join(KERAS_POLICIES)})")
     ap.add_argument("--global-steps", type=int, default=720)
+    ap.add_argument("--sample-ms", type=float, default=BASE * 1000,
+                    help="emulated milliseconds per sample at speed 1 (the profiles' per-step extras scale with it)")
     ap.add_argument("--target", type=float, default=0.93, help="test accuracy for time-to-accuracy")
     ap.add_argument("--launcher", choices=["mpirun", "horovodrun"], default="mpirun")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per job")
     ap.add_argument("--out", default="bench-results", help="folder for results and plots")
     ap.add_argument("--docs", action="store_true", help="write docs/benchmarks.md and docs/bench/*.png")
-    ap.add_argument("--quick", action="store_true", help="smoke run: profile static; horovod, bsp, asp; 64 steps")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 64 steps; unless given: profile static, "
+                    "policies horovod, bsp, asp, frontend torch")
     opts = ap.parse_args(argv)
-    if opts.quick:
-        opts.profiles, opts.policies, opts.global_steps = "static", "horovod,bsp,asp", 64
+    if opts.quick:   # smaller defaults; explicit choices are kept
+        opts.global_steps = 64
+        opts.profiles = "static" if opts.profiles == ",".join(PROFILES) else opts.profiles
+        opts.policies = "horovod,bsp,asp" if opts.policies == ",".join(POLICIES) else opts.policies
         opts.frontends = "torch" if opts.frontends == "torch,keras" else opts.frontends
     for name, values, known in (("--profiles", opts.profiles, PROFILES), ("--policies", opts.policies, POLICIES),
                                 ("--frontends", opts.frontends, WORKERS)):

@@ -6,8 +6,9 @@ native module:
 
 - :meth:`LbbspController.exchange` -- every step is one synchronous Sum-allreduce of ``[b_p * g_p | metadata]``,
   where g_p is the rank's mean gradient over its b_p samples and the metadata table (each rank fills its own row:
-  step time in ns, b_p, whether the batch starts a pass over the data) rides in the same buffer as exact 16-bit pieces (``engine.ticker.encode_meta``). The
-  applied gradient is ``sum_p b_p g_p / sum_p b_p``: the gradient of one process over the whole global batch.
+  step time in ns, b_p, whether the batch starts a pass over the data) rides in the same buffer as exact 16-bit
+  pieces (``engine.ticker.encode_meta``). The applied gradient is ``sum_p b_p g_p / sum_p b_p``: the gradient of
+  one process over the whole global batch.
 - :meth:`LbbspController.update` -- the next sizes, from the table every rank received (so every rank feeds the
   same inputs to the native rule and gets the same sizes): cpu mode ``lbbsp_batch_sizes_cpu`` over the throughput
   ``v_p = 1 / predicted per-sample time`` (predictor ``HVD_ELASTIC_PREDICTOR`` over each rank's per-sample time
@@ -99,8 +100,8 @@ class LbbspController:
                  allreduce: Callable[[], None]) -> Tuple[np.ndarray, np.ndarray, float]:
         """One synchronous step's collective: `grad` is this rank's mean gradient over its local batch, `allreduce`
         Sum-reduces :attr:`buffer` in place on every rank. Returns (the gradient over the global batch, the table
-        of every rank's (step ns, samples, pass start), seconds blocked in the collective). Call :meth:`update` with the table
-        once the gradient is applied."""
+        of every rank's (step ns, samples, pass start), seconds blocked in the collective). Call :meth:`update`
+        with the table once the gradient is applied."""
         b, numel, buf = self.local_batch(), self.numel, self.buffer
         buf[:numel] = grad
         buf[:numel] *= b

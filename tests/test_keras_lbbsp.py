@@ -16,6 +16,7 @@ import pytest
 
 from launch import launch
 from test_bad_input import _assert_every_rank_failed_with
+from test_lbbsp import CHECK, run_check_case
 
 WORKER = "tests/workers/keras_lbbsp.py"
 
@@ -26,49 +27,12 @@ def _run(launcher, np_, args, env, tmp_path, timeout=240):
     return [json.load(open(os.path.join(tmp_path, f"rank{r}.json"))) for r in range(np_)]
 
 
-CHECK = {  # launcher, ranks, B, samples, extra env, extra args
-    "cpu_mpirun": ("mpirun", 3, 48, 480, {"HVD_ELASTIC_PREDICTOR": "ewma"}, []),
-    # gpu mode, caps, and a dataset that is not a multiple of B with padding (drop_last=False)
-    "gpu_caps_pad_horovodrun": ("horovodrun", 3, 48, 500,
-                                {"HVD_ELASTIC_LBBSP_MODE": "gpu", "HVD_ELASTIC_LBBSP_CAPS": "*:30,1:20"}, ["--pad"]),
-}
-
-
 @pytest.mark.parametrize("case", sorted(CHECK))
 def test_keras_sizes_sum_to_B_each_sample_once_per_epoch_and_gradient_is_the_global_batch_gradient(case, tmp_path):
-    launcher, n, B, samples, env, extra = CHECK[case]
-    env = {"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_GLOBAL_BATCH": str(B),
-           "HVD_ELASTIC_EMULATE_SAMPLE_DELAY": "*:0.0003,2:0.0015", **env}
-    epochs = 2
-    ranks = _run(launcher, n, ["--mode", "check", "--samples", samples, "--epochs", epochs, *extra], env, tmp_path)
-    steps_per_epoch = -(-samples // B) if "--pad" in extra else samples // B
-    caps = [20 if p == 1 else 30 for p in range(n)] if "CAPS" in str(env) else [B] * n
-    for r in ranks:
-        assert len(r["steps"]) == epochs * steps_per_epoch and r["len_dataset"] == steps_per_epoch
-        assert [s["sizes"] for s in r["steps"]] == [s["sizes"] for s in ranks[0]["steps"]]   # same on every rank
-        for s in r["steps"]:
-            assert sum(s["sizes"]) == B, s                                   # invariant 6: sum is B, every step
-            assert all(1 <= b <= c for b, c in zip(s["sizes"], caps)), s
-            assert s["local"] == s["sizes"][r["rank"]]                       # the pipeline gave what was decided
-        assert "draw one batch per step" in r["prefetch_error"], r["prefetch_error"][-500:]
-    sizes = np.array([s["sizes"] for s in ranks[0]["steps"]])
-    assert len({tuple(s) for s in sizes}) > 1, "the sizes never changed"
-    # rank 2 is the slow one (rank 0 also computes the reference gradient, so only rank 1 is surely fast)
-    assert sizes[-5:, 2].mean() < B / n < sizes[-5:, 1].mean(), sizes[-5:]
-    for e in range(epochs):
-        seen = sorted(i for r in ranks for i in r["indices"][e])
-        if "--pad" in extra:   # every sample at least once; the last global batch is completed from the start
-            assert set(seen) == set(range(samples)) and len(seen) == steps_per_epoch * B
-        else:                  # every sample exactly once
-            assert seen == list(range(samples))
-    assert ranks[0]["indices"][0] != ranks[0]["indices"][1]                  # a new shuffle each epoch
-    assert ranks[0]["grad_checked"] == epochs * steps_per_epoch
-    assert ranks[0]["grad_err"] < 1e-5, ranks[0]["grad_err"]                # float32 (w_before - w_after) / lr
-    assert len({r["weights_sha256"] for r in ranks}) == 1
-    counters = [r["report"]["ranks"][r["rank"]]["counters"] for r in ranks]
-    final = counters[0]["lbbsp_sizes"]       # decided after the last step (not recorded in the steps)
-    changes = int((sizes[1:] != sizes[:-1]).any(axis=1).sum()) + int(final != list(sizes[-1]))
-    assert all(c["lbbsp_sizes"] == final and c["lbbsp_resizes"] == changes for c in counters), (counters, changes)
+    # The same cases and invariant checks as the PyTorch frontend's; the applied update is read back as
+    # (w_before - w_after) / lr in float32, hence the looser tolerance.
+    ranks = run_check_case(_run, case, tmp_path, grad_atol=1e-5)
+    assert all("lbbsp_dataset" in r["prefetch_error"] for r in ranks)
 
 
 STEPS = 200

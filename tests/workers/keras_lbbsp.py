@@ -134,7 +134,7 @@ def check(args):
         prefetch_error = str(e)
     return {"steps": rec.steps, "indices": rec.indices, "grad_err": rec.grad_err, "grad_checked": rec.checked,
             "prefetch_error": prefetch_error, "weights_sha256": sha(model), "report": sync.report,
-            "len_dataset": int(ds.cardinality())}
+            "steps_per_epoch": int(ds.cardinality())}
 
 
 def train(args):

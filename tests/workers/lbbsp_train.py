@@ -84,7 +84,7 @@ def check(args):
     return {"steps": steps, "indices": indices, "grad_err": grad_err, "grad_checked": checked,
             "prefetch_error": prefetch_error,
             "weights_sha256": hashlib.sha256(flat(model).tobytes()).hexdigest(), "report": report,
-            "len_sampler": len(sampler)}
+            "steps_per_epoch": len(sampler)}
 
 
 def train(args):

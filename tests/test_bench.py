@@ -56,3 +56,13 @@ def test_unknown_policy_is_a_one_line_error():
                           env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
     assert proc.returncode == 2
     assert "--policies: unknown ['fastest']; accepted: horovod,bsp,asp" in proc.stdout
+
+
+def test_update_merges_rerun_jobs_in_place():
+    from hvd_elastic.bench.matrix import merge_runs
+    old = [{"frontend": "torch", "profile": "static", "name": p, "wall_s": 1.0} for p in ("horovod", "asp", "bsp")]
+    new = [{"frontend": "torch", "profile": "static", "name": "asp", "wall_s": 2.0},
+           {"frontend": "keras", "profile": "static", "name": "asp", "wall_s": 3.0}]
+    merged = merge_runs(old, new)
+    assert [(r["frontend"], r["name"], r["wall_s"]) for r in merged] == [
+        ("torch", "horovod", 1.0), ("torch", "asp", 2.0), ("torch", "bsp", 1.0), ("keras", "asp", 3.0)]

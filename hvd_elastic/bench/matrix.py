@@ -311,6 +311,8 @@ def parse_args(argv=None):
     ap.add_argument("--timeout", type=int, default=300, help="seconds per job")
     ap.add_argument("--out", default="bench-results", help="folder for results and plots")
     ap.add_argument("--docs", action="store_true", help="write docs/benchmarks.md and docs/bench/*.png")
+    ap.add_argument("--update", action="store_true", help="re-run only the chosen jobs and merge them into the "
+                    "results already in the output folder (same --global-steps and --sample-ms as those)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 64 steps; unless given: profile static, "
                     "policies horovod, bsp, asp, frontend torch")
     opts = ap.parse_args(argv)
@@ -325,6 +327,14 @@ def parse_args(argv=None):
         if bad:
             ap.error(f"{name}: unknown {bad}; accepted: {','.join(known)}")
     return opts
+
+
+def merge_runs(old: List[Dict], new: List[Dict]) -> List[Dict]:
+    """--update: the previous runs with the re-run jobs replaced in place (new jobs appended)."""
+    key = lambda r: (r["frontend"], r["profile"], r["name"])  # noqa: E731
+    fresh = {key(r): r for r in new}
+    merged = [fresh.pop(key(r), r) for r in old]
+    return merged + [r for r in new if key(r) in fresh]
 
 
 def main(argv=None):
@@ -351,6 +361,9 @@ def main(argv=None):
             print(f" {row['wall_s']:6.2f} s, to {opts.target}: {_fmt(row['time_to_target_s'])} s, final acc "
                   f"{row['final_accuracy']:.3f}, fast compute {100 * row['fast_compute_share']:.0f}% "
                   f"(job {res['job_s']:.0f} s, {time.perf_counter() - t_start:.0f} s so far)", flush=True)
+    if opts.update and os.path.exists(os.path.join(outdir, "results.json")):
+        results = merge_runs(json.load(open(os.path.join(outdir, "results.json")))["runs"], results)
+        rows = [summarize(r, opts.target) for r in results]
     with open(os.path.join(outdir, "results.json"), "w") as f:
         json.dump({"rows": rows, "runs": results, "target": opts.target}, f, indent=1)
     with open(os.path.join(outdir, "results.csv"), "w", newline="") as f:

@@ -214,7 +214,7 @@ def markdown(rows: List[Dict], target: float, opts, images: List[str], img_prefi
             sel = [r for r in rows if r["frontend"] == fe and r["profile"] == prof]
             ref = next((r for r in sel if r["policy"] == ("horovod" if fe == "torch" else "bsp")), None)
             out += [f"### {fe}, {prof}: {PROFILES[prof][0]}", "",
-                    f"| policy | wall s | vs {ref['policy'] if ref else '-'} | time to {target} s | speed-up to "
+                    f"| policy | wall s | wall / {ref['policy'] if ref else '-'}'s | time to {target} s | speed-up to "
                     f"{target} | final accuracy | fast ranks' compute | fast ranks' wait |",
                     "|---|---|---|---|---|---|---|---|"]
             for r in sel:

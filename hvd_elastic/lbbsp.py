@@ -118,6 +118,19 @@ class LbbspController:
         table = decode_meta(buf[numel:], self.size, _META)
         return buf[:numel] / int(table[:, 1].sum()), table, blocked
 
+    def step(self, session, grad: np.ndarray, allreduce: Callable[[], None], apply: Callable[[np.ndarray], None]):
+        """One lbbsp step of a frontend (`session`: hvd_elastic.session.Session): this rank's compute time (with
+        the emulated per-sample delay), the :meth:`exchange` of `grad` (this rank's mean gradient), `apply` of the
+        global-batch gradient with the user's optimizer, the next sizes, the step's telemetry."""
+        compute = session.begin_step(samples=self.local_batch())
+        global_grad, table, blocked = self.exchange(grad, compute, allreduce)
+        t1 = time.perf_counter()
+        apply(global_grad)
+        self.update(table)
+        t2 = time.perf_counter()
+        session.telemetry.add_step(compute + (t2 - t1), blocked)
+        session.last_step_end = t2
+
     @property
     def offset(self) -> int:
         return int(sum(self.sizes[:self.rank]))

@@ -2,7 +2,6 @@
 HVD_ELASTIC_POLICY (bsp is the reference here: Horovod's own Keras layer does not work with Keras 3). Launched by
 ``python -m hvd_elastic.bench``; not a user API. Same emulation and outputs as hvd_elastic/bench/torch_worker.py.
 """
-import argparse
 import json
 import os
 import time
@@ -16,8 +15,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import keras  # noqa: E402
 
 import hvd_elastic.keras as hvdk  # noqa: E402
-from hvd_elastic.bench.matrix import per_rank_floats as floats  # noqa: E402
-from hvd_elastic.emulation import Straggler  # noqa: E402
+from hvd_elastic.bench.matrix import worker_arguments, worker_straggler  # noqa: E402
 
 
 class Bench(keras.callbacks.Callback):
@@ -56,19 +54,7 @@ class Curve(keras.callbacks.Callback):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--data", required=True, help="digits .npz written by the driver")
-    ap.add_argument("--global-steps", type=int, default=720)
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--eval-every", type=int, default=4)
-    ap.add_argument("--sample-delay", default="")
-    ap.add_argument("--step-delay", default="")
-    ap.add_argument("--jitter", type=float, default=0.0)
-    ap.add_argument("--vary-period", type=float, default=0.0)
-    ap.add_argument("--vary-factor", type=float, default=1.0)
-    args = ap.parse_args()
+    args = worker_arguments(__doc__.splitlines()[0]).parse_args()
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -82,9 +68,7 @@ def main():
     opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(args.lr * size, momentum=0.5),
                                     **({"global_batch": B} if lbbsp else {}))
     model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    straggler = Straggler(delay_s=floats(args.step_delay, size)[rank],
-                          sample_delay_s=floats(args.sample_delay, size)[rank], jitter=args.jitter,
-                          vary_period_s=args.vary_period, vary_factor=args.vary_factor, seed=rank)
+    straggler = worker_straggler(args, rank, size)
     t0 = [0.0]
     bench = Bench(straggler, opt, lbbsp, args.batch_size, args.eval_every, x_te, y_te, t0)
 

@@ -22,6 +22,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository
 BASE = 0.0005                     # emulated seconds per sample at speed 1 (16 samples: an 8 ms step)
 BATCH = 16                        # per-rank batch; lbbsp's global batch is BATCH x ranks
 
@@ -75,6 +76,31 @@ def per_rank_floats(text: str, n: int) -> List[float]:
     return (vals * n)[:n] if len(vals) == 1 else vals
 
 
+def worker_arguments(description: str) -> argparse.ArgumentParser:
+    """The options every benchmark worker takes from run_one (the job, its data and the profile's emulation)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--data", required=True, help="digits .npz written by the driver")
+    ap.add_argument("--global-steps", type=int, default=720, help="budget in steps of --batch-size samples")
+    ap.add_argument("--batch-size", type=int, default=16, help="per-rank batch (lbbsp: B = this x ranks)")
+    ap.add_argument("--lr", type=float, default=0.05, help="per-rank learning rate (scaled by the ranks)")
+    ap.add_argument("--eval-every", type=int, default=4)
+    ap.add_argument("--sample-delay", default="", help="per-rank seconds per sample, comma separated")
+    ap.add_argument("--step-delay", default="", help="per-rank seconds per step, comma separated")
+    ap.add_argument("--jitter", type=float, default=0.0)
+    ap.add_argument("--vary-period", type=float, default=0.0)
+    ap.add_argument("--vary-factor", type=float, default=1.0)
+    return ap
+
+
+def worker_straggler(args, rank: int, size: int):
+    """This rank's emulated slowness for the profile in the worker's arguments."""
+    from ..emulation import Straggler
+    return Straggler(delay_s=per_rank_floats(args.step_delay, size)[rank],
+                     sample_delay_s=per_rank_floats(args.sample_delay, size)[rank], jitter=args.jitter,
+                     vary_period_s=args.vary_period, vary_factor=args.vary_factor, seed=rank)
+
+
 def write_data(path: str):
     """scikit-learn's digits, scaled to [0, 1], split 80/20 (stratified, fixed seed), saved once for the jobs (so
     the ranks need not import scikit-learn: seconds per job on this machine)."""
@@ -115,9 +141,6 @@ def run_one(frontend: str, profile: str, policy: str, opts, workdir: str) -> Dic
     return res
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
 def time_to(curve: List[List[float]], target: float) -> Optional[float]:
     for t, _, acc in curve:
         if acc >= target:
@@ -128,9 +151,9 @@ def time_to(curve: List[List[float]], target: float) -> Optional[float]:
 def summarize(res: Dict, target: float) -> Dict:
     ranks = res["report"]["ranks"]
     fast = [r for r in ranks if r["rank"] in (0, 1)]          # speed 1 in every profile
+    reached = time_to(res["curve"], target)
     return {"frontend": res["frontend"], "profile": res["profile"], "policy": res["name"],
-            "wall_s": round(res["wall_s"], 3), "time_to_target_s": (None if time_to(res["curve"], target) is None
-                                                                     else round(time_to(res["curve"], target), 3)),
+            "wall_s": round(res["wall_s"], 3), "time_to_target_s": None if reached is None else round(reached, 3),
             "final_accuracy": round(res["final_accuracy"], 4),
             "fast_compute_share": round(min(r["compute_share"] for r in fast), 3),
             "fast_wait_share": round(max(r["wait_share"] for r in fast), 3),

@@ -10,7 +10,6 @@ Rank 0 evaluates the test accuracy every --eval-every local steps (its own weigh
 and writes the JSON result: the accuracy curve (wall seconds, global steps, accuracy), the final accuracy after the
 final synchronization (identical weights on every rank) and the end-of-run report.
 """
-import argparse
 import json
 import os
 import time
@@ -21,25 +20,13 @@ import torch
 import torch.nn.functional as F
 
 import hvd_elastic.torch as hvde
-from hvd_elastic.bench.matrix import per_rank_floats as floats
-from hvd_elastic.emulation import Straggler
+from hvd_elastic.bench.matrix import worker_arguments, worker_straggler
 from hvd_elastic.telemetry import Telemetry, finish_report
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--data", required=True, help="digits .npz written by the driver")
+    ap = worker_arguments(__doc__.splitlines()[0])
     ap.add_argument("--impl", choices=["hvd_elastic", "horovod"], default="hvd_elastic")
-    ap.add_argument("--global-steps", type=int, default=720, help="budget in steps of --batch-size samples")
-    ap.add_argument("--batch-size", type=int, default=16, help="per-rank batch (lbbsp: B = this x ranks)")
-    ap.add_argument("--lr", type=float, default=0.05, help="per-rank learning rate (scaled by the ranks)")
-    ap.add_argument("--eval-every", type=int, default=4)
-    ap.add_argument("--sample-delay", default="", help="per-rank seconds per sample, comma separated")
-    ap.add_argument("--step-delay", default="", help="per-rank seconds per step, comma separated")
-    ap.add_argument("--jitter", type=float, default=0.0)
-    ap.add_argument("--vary-period", type=float, default=0.0)
-    ap.add_argument("--vary-factor", type=float, default=1.0)
     args = ap.parse_args()
 
     hvd.init()
@@ -51,9 +38,7 @@ def main():
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
                                 torch.nn.ReLU(), torch.nn.Linear(256, 10))
     sgd = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=0.5)
-    straggler = Straggler(delay_s=floats(args.step_delay, size)[rank],
-                          sample_delay_s=floats(args.sample_delay, size)[rank], jitter=args.jitter,
-                          vary_period_s=args.vary_period, vary_factor=args.vary_factor, seed=rank)
+    straggler = worker_straggler(args, rank, size)
     if args.impl == "horovod":
         opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
         policy, telemetry = "horovod", Telemetry(rank, size, "horovod")
@@ -95,10 +80,11 @@ def main():
     t0 = last_end = time.perf_counter()
     # The report measures from here, as the reference does: set-up (broadcasts, first optimizer construction) is
     # not training time.
-    session = None if telemetry is not None else opt._hvd_elastic
-    (telemetry or session.telemetry).start = t0
-    if session is not None:
-        session.last_step_end = t0
+    if telemetry is not None:
+        telemetry.start = t0
+    else:
+        session = opt._hvd_elastic
+        session.telemetry.start = session.last_step_end = t0
     for idx in batches():
         if global_steps(local) >= args.global_steps:
             break

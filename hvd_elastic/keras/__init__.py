@@ -99,7 +99,7 @@ class SyncCallback(keras.callbacks.Callback):
         if state.cfg.policy == "bsp":
             state.account_bsp_step()
         elif state.cfg.policy == "lbbsp":
-            state.lbbsp_step(state.deferred_gradient())
+            state.lbbsp_step()
         elif state.mode == "defer":
             state.relaxed_step(state.deferred_gradient())
         else:

@@ -24,12 +24,10 @@ import numpy as np
 import tensorflow as tf
 
 from .. import config as _config
-from ..emulation import Straggler
 from ..engine.engine import SyncEngine
 from ..engine.policies import POLICIES as RELAXED_POLICIES, make_policy
 from ..errors import ConfigError, HvdElasticError
-from ..lbbsp import LbbspController
-from ..telemetry import Telemetry, finish_report
+from ..session import Session
 
 # Policies each frontend can run (lbbsp needs its data path: hvd_elastic.keras.lbbsp_dataset for model.fit).
 IMPLEMENTED_POLICIES = {"Keras": ("bsp", "lbbsp") + tuple(RELAXED_POLICIES),
@@ -124,24 +122,8 @@ class _FlatVars:
         return [tf.reshape(p, s) for p, s in zip(parts, self.shapes)]
 
 
-class _Session:
-    """One training run of a wrapped optimizer: configuration, telemetry, emulation, engine, report."""
-
-    def __init__(self, cfg: _config.Config):
-        self.cfg = cfg
-        self.rank, self.size = hvd.rank(), hvd.size()
-        self.telemetry = Telemetry(self.rank, self.size, cfg.policy)
-        self.straggler = Straggler.from_config(cfg, self.rank, self.size)
-        self.last_step_end = time.perf_counter()
-        self.engine: Optional[SyncEngine] = None
-        self.lbbsp = LbbspController(cfg, self.rank, self.size, self.telemetry) if cfg.policy == "lbbsp" else None
-        self.report: Optional[Dict[str, Any]] = None
-
-    def begin_step(self, samples: int = 0) -> float:
-        compute = time.perf_counter() - self.last_step_end
-        slept = self.straggler.pause(compute, samples)
-        self.telemetry.emulated_s += slept
-        return compute + slept
+def _session(cfg: _config.Config) -> Session:
+    return Session(cfg, hvd.rank(), hvd.size(), lambda obj: hvd.allgather_object(obj, name="hvd_elastic.report"))
 
 
 class ElasticState:
@@ -149,7 +131,7 @@ class ElasticState:
 
     def __init__(self, optimizer, base_cls, cfg: _config.Config, policy_kwargs: Dict[str, Any], frontend: str):
         self.optimizer, self.base_cls, self.policy_kwargs, self.frontend = optimizer, base_cls, policy_kwargs, frontend
-        self.session = _Session(cfg)
+        self.session = _session(cfg)
         self.mode = "bsp" if cfg.policy == "bsp" else "eager"
         self.kind = make_policy(cfg).kind if cfg.policy in RELAXED_POLICIES else None
         self.blocked = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="hvd_elastic_blocked")
@@ -166,7 +148,7 @@ class ElasticState:
     def restart_if_finished(self):
         """A finished session (a second model.fit) starts a fresh one: same settings, new engine and report."""
         if self.session.report is not None:
-            self.session = _Session(load_config(self.policy_kwargs, self.frontend))
+            self.session = _session(load_config(self.policy_kwargs, self.frontend))
             self.started = False
 
     def start(self, trainable_variables, model_variables=None, root_rank: int = 0, mode: Optional[str] = None):
@@ -214,13 +196,7 @@ class ElasticState:
 
     def finish(self) -> Dict[str, Any]:
         """Collective: flush every update, final sync, end-of-run report (idempotent)."""
-        s = self.session
-        if s.report is None:
-            if s.engine is not None:
-                s.engine.finish()
-            s.report = finish_report(s.telemetry, lambda obj: hvd.allgather_object(obj, name="hvd_elastic.report"),
-                                     s.cfg.describe(), print_on_rank0=s.cfg.report, json_path=s.cfg.report_json)
-        return s.report
+        return self.session.finish()
 
     # ---- per step (eager) ----------------------------------------------------------------------------------------
     def account_bsp_step(self):
@@ -245,22 +221,16 @@ class ElasticState:
         s.telemetry.add_step(compute)
         s.last_step_end = time.perf_counter()
 
-    def lbbsp_step(self, flat_grad: np.ndarray):
-        """One lbbsp step (eager): the synchronous weighted exchange of this rank's mean gradient over its b_p
-        samples, the optimizer's apply of the global-batch gradient, the next batch sizes."""
-        s, ctl = self.session, self.session.lbbsp
+    def lbbsp_step(self):
+        """One lbbsp step (eager, model.fit): the synchronous weighted exchange of the stored gradient (this rank's
+        mean over its b_p samples), the optimizer's apply of the global-batch gradient, the next batch sizes."""
+        ctl = self.session.lbbsp
         if ctl.drawn is None:
             raise ConfigError("policy lbbsp: the batches must come from hvd_elastic.keras.lbbsp_dataset(optimizer, "
                               "data) (one per step, sized by the policy); this step's batch did not")
-        compute = s.begin_step(samples=ctl.local_batch())
         buf = ctl.buffer
-        grad, table, blocked = ctl.exchange(flat_grad, compute, lambda: _allreduce_sum([buf], "hvd_elastic.lbbsp"))
-        t1 = time.perf_counter()
-        self._apply_flat(tf.convert_to_tensor(grad))
-        ctl.update(table)
-        t2 = time.perf_counter()
-        s.telemetry.add_step(compute + (t2 - t1), blocked)
-        s.last_step_end = t2
+        ctl.step(self.session, self.deferred_gradient(), lambda: _allreduce_sum([buf], "hvd_elastic.lbbsp"),
+                 lambda grad: self._apply_flat(tf.convert_to_tensor(grad)))
 
     def deferred_gradient(self) -> np.ndarray:
         return self.flat.flatten(self.buffers)

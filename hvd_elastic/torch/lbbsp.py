@@ -13,7 +13,6 @@ Example::
 """
 from __future__ import annotations
 
-import time
 import types
 from typing import List
 
@@ -24,22 +23,18 @@ from ..lbbsp import BatchPlan, LbbspController
 
 def _lbbsp_step(self, closure=None):
     """step() under lbbsp: one synchronous weighted allreduce, the user's optimizer step, the next sizes."""
-    session, ctl, flat = self._hvd_elastic, self._hvd_elastic_lbbsp, self._hvd_elastic_flat
+    session, flat, tensor = self._hvd_elastic, self._hvd_elastic_flat, self._hvd_elastic_tensor
     loss = None
     if closure is not None:
         with torch.enable_grad():
             loss = closure()
-    compute = session.begin_step(samples=ctl.local_batch())
-    tensor = self._hvd_elastic_tensor
-    grad, table, blocked = ctl.exchange(
-        flat.gradients(), compute, lambda: hvd.allreduce_(tensor, op=hvd.Sum, name="hvd_elastic.lbbsp"))
-    t1 = time.perf_counter()
-    flat.set_gradients(grad)
-    self._hvd_elastic_inner_step()
-    ctl.update(table)
-    t2 = time.perf_counter()
-    session.telemetry.add_step(compute + (t2 - t1), blocked)
-    session.last_step_end = t2
+
+    def apply(grad):
+        flat.set_gradients(grad)
+        self._hvd_elastic_inner_step()
+
+    session.lbbsp.step(session, flat.gradients(),
+                       lambda: hvd.allreduce_(tensor, op=hvd.Sum, name="hvd_elastic.lbbsp"), apply)
     return loss
 
 
@@ -55,7 +50,7 @@ def build_lbbsp(optimizer, session, *, compression, op, gradient_predivide_facto
                                  sparse_as_dense=sparse_as_dense, process_set=process_set,
                                  op_note="only Average: lbbsp weights each rank by its batch size",
                                  also=["backward_passes_per_step"] if backward_passes_per_step != 1 else [])
-    ctl = LbbspController(session.cfg, session.rank, session.size, session.telemetry)
+    ctl = session.lbbsp
     params = [p for g in optimizer.param_groups for p in g["params"]]
     flat = _FlatParams(params)
     base = optimizer.__class__
@@ -66,7 +61,6 @@ def build_lbbsp(optimizer, session, *, compression, op, gradient_predivide_facto
                                         "__module__": hvd.DistributedOptimizer.__module__})
     optimizer.__class__ = cls
     optimizer._hvd_elastic_flat = flat
-    optimizer._hvd_elastic_lbbsp = ctl
     optimizer._hvd_elastic_inner_step = types.MethodType(base.step, optimizer)
     optimizer._hvd_elastic_tensor = torch.from_numpy(ctl.bind(flat.numel, flat.dtype))
     hvd.broadcast_parameters({f"p{i}": p for i, p in enumerate(flat.params)}, root_rank=0)
@@ -79,7 +73,7 @@ def batch_sizes(optimizer) -> List[int]:
 
 
 def _controller(optimizer) -> LbbspController:
-    ctl = getattr(optimizer, "_hvd_elastic_lbbsp", None)
+    ctl = getattr(getattr(optimizer, "_hvd_elastic", None), "lbbsp", None)
     if ctl is None:
         raise TypeError("this needs an optimizer made by hvd_elastic.torch.DistributedOptimizer with policy lbbsp")
     return ctl

@@ -18,47 +18,17 @@ import numpy as np
 import torch
 
 from .. import config as _config
-from ..emulation import Straggler
 from ..engine.engine import SyncEngine
 from ..engine.policies import POLICIES as RELAXED_POLICIES, make_policy
 from ..errors import ConfigError
-from ..telemetry import Telemetry, finish_report
+from ..session import Session
 
 # Policies this frontend can run; the configuration recognises every policy of the design.
 IMPLEMENTED_POLICIES = ("bsp", "lbbsp") + tuple(RELAXED_POLICIES)
 
 
-class _Session:
-    """Per-optimizer state of the plugin: configuration, telemetry, emulation, engine, end-of-run report."""
-
-    def __init__(self, cfg: _config.Config):
-        self.cfg = cfg
-        self.rank, self.size = hvd.rank(), hvd.size()
-        self.telemetry = Telemetry(self.rank, self.size, cfg.policy)
-        self.straggler = Straggler.from_config(cfg, self.rank, self.size)
-        self.last_step_end = time.perf_counter()
-        self.engine = None
-        self.report = None
-
-    def begin_step(self, samples: int = 0) -> float:
-        """Measure this step's compute (since the last step ended) and inject emulated delay; returns compute."""
-        compute = time.perf_counter() - self.last_step_end
-        slept = self.straggler.pause(compute, samples)
-        self.telemetry.emulated_s += slept
-        return compute + slept
-
-    def finish(self) -> Dict[str, Any]:
-        """Collective: flush every update, final sync, end-of-run report (idempotent)."""
-        if self.report is None:
-            if self.engine is not None:
-                self.engine.finish()
-            self.report = finish_report(self.telemetry, hvd.allgather_object, self.cfg.describe(),
-                                        print_on_rank0=self.cfg.report, json_path=self.cfg.report_json)
-        return self.report
-
-
 # ---- bsp ---------------------------------------------------------------------------------------------------------
-def _instrument_bsp(opt, session: _Session):
+def _instrument_bsp(opt, session: Session):
     """Wrap Horovod's optimizer instance: time compute, inject emulated delay, time the blocking synchronize."""
     hvd_step, hvd_synchronize = opt.step, opt.synchronize
     state = {"blocked": 0.0}
@@ -184,7 +154,7 @@ def refuse_unsupported_arguments(policy, *, compression, op, gradient_predivide_
                           f"{', '.join(unsupported)}; use policy bsp or the defaults")
 
 
-def _build_relaxed(optimizer, session: _Session, compression, op, gradient_predivide_factor, sparse_as_dense,
+def _build_relaxed(optimizer, session: Session, compression, op, gradient_predivide_factor, sparse_as_dense,
                    process_set):
     refuse_unsupported_arguments(session.cfg.policy, compression=compression, op=op,
                                  gradient_predivide_factor=gradient_predivide_factor,
@@ -234,7 +204,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                                                      named_parameters=model.named_parameters())
     """
     cfg = _config.load(policy_kwargs, hvd.allgather_object, hvd.rank(), IMPLEMENTED_POLICIES, "PyTorch")
-    session = _Session(cfg)
+    session = Session(cfg, hvd.rank(), hvd.size(), hvd.allgather_object)
     if cfg.policy == "bsp":
         opt = hvd.DistributedOptimizer(optimizer, named_parameters=named_parameters, compression=compression,
                                        backward_passes_per_step=backward_passes_per_step, op=op,

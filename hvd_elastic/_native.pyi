@@ -43,6 +43,10 @@ class WorkerClocks:
     def slowest_by_clock(self) -> int: ...
     def fastest_by_clock(self) -> int: ...
     def slowest_by_interval(self) -> int: ...
+    def median_interval_ns(self, worker: int) -> int:
+        """Median of the kept intervals of a worker (lower middle for an even count); -1 if none."""
+    def slowest_by_median_interval(self) -> int:
+        """Worker with the longest median interval (ties to the lowest rank); -1 if none measured."""
 
 # ---- ZipLine (ElasticBSP) -----------------------------------------------------------------------------------------
 

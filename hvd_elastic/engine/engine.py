@@ -8,19 +8,24 @@ in-place Sum allreduce of numpy arrays over all ranks, with Horovod's ops) and, 
 - "delta" policies (wbsp): each rank trains its own copy and pushes model deltas; the engine keeps the global model
   W (W += sum of deltas / n per tick) and ``read_params()`` / ``write_params(w)`` move weights in and out.
 
-Per training step the frontend calls :meth:`SyncEngine.step`. The engine pushes the update, applies every
-completed tick in tick order (pull) and blocks while the policy's gate is closed, applying ticks as they arrive.
+Per training step the frontend calls :meth:`SyncEngine.step`. The engine pushes the update, applies completed
+ticks in tick order (pull) and blocks while the policy's gate is closed, applying ticks as they arrive. A rank held
+at the gate resumes on exactly the state of the tick that opened it: ticks that completed after that one wait for
+its next step boundary. (Applying them too would let its next gradient see other ranks' *next* updates, which
+BSP never does: with s = 0 the weights would drift from BSP's.) A rank whose gate is open applies every completed
+tick.
 """
 from __future__ import annotations
 
+import collections
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Deque, List, Optional
 
 import numpy as np
 
 from ..errors import HvdElasticError
 from ..telemetry import Telemetry
-from .ticker import Ticker
+from .ticker import Tick, Ticker
 from .view import GlobalView
 
 
@@ -43,6 +48,7 @@ class SyncEngine:
         self.applied_contributions = 0   # sum of push counts over the ticks this rank applied (all ranks' pushes)
         self.finished = False
         self._busy_s = 0.0               # time spent applying updates (counted as compute, not wait)
+        self._backlog: Deque[Tick] = collections.deque()   # completed ticks taken but not applied yet
         if policy.kind == "delta":
             self.global_model = read_params().astype(dtype, copy=True)   # W, identical on every rank at start
             self.last_upload = self.global_model.copy()
@@ -65,7 +71,7 @@ class SyncEngine:
         self.pushed += 1
         self.telemetry.count("pushes")
         self.policy.on_push(self.ticker.clock)
-        self._pull(block=False)
+        self._pull(block=False, until_open=self.policy.blocked_by(self.ticker.clock) is not None)
         self.telemetry.comm_s += (time.perf_counter() - t0) - (self._busy_s - busy0)
         self._gate()
         self.policy.on_proceed(self.ticker.clock)
@@ -79,7 +85,7 @@ class SyncEngine:
             reason = self.policy.blocked_by(self.ticker.clock)
             if reason is None:
                 return
-            progressed = self._pull(block=True, timeout=1.0)
+            progressed = self._pull(block=True, timeout=1.0, until_open=True)
             blocked = (time.perf_counter() - t0) - (self._busy_s - busy0)
             if reason == "comm":
                 self.telemetry.comm_s += blocked
@@ -106,21 +112,30 @@ class SyncEngine:
         self.telemetry.count("downloads")
         self._busy_s += time.perf_counter() - t0
 
-    def _pull(self, block: bool, timeout: Optional[float] = None) -> int:
-        ticks = self.ticker.take(block=block, timeout=timeout)
-        for tick in ticks:
-            self.view.update(tick.meta)
-            if tick.update is not None:
-                t0 = time.perf_counter()
-                if self.policy.kind == "gradient":
-                    self.apply_gradient(tick.update / self.size)
-                else:
-                    self.global_model += tick.update / self.size
-                self._busy_s += time.perf_counter() - t0
-                self.applied_contributions += tick.total_count
-                self.telemetry.count("ticks_applied")
-            self.policy.on_tick(tick, self.view)
-        return len(ticks)
+    def _pull(self, block: bool, timeout: Optional[float] = None, until_open: bool = False) -> int:
+        """Apply completed ticks in tick order; returns how many. block: wait (up to timeout) for one when none is
+        pending. until_open: stop right after the tick at which the policy's gate opens."""
+        self._backlog.extend(self.ticker.take(block=block and not self._backlog, timeout=timeout))
+        applied = 0
+        while self._backlog:
+            if applied and until_open and self.policy.blocked_by(self.ticker.clock) is None:
+                break
+            self._apply(self._backlog.popleft())
+            applied += 1
+        return applied
+
+    def _apply(self, tick: Tick):
+        self.view.update(tick.meta)
+        if tick.update is not None:
+            t0 = time.perf_counter()
+            if self.policy.kind == "gradient":
+                self.apply_gradient(tick.update / self.size)
+            else:
+                self.global_model += tick.update / self.size
+            self._busy_s += time.perf_counter() - t0
+            self.applied_contributions += tick.total_count
+            self.telemetry.count("ticks_applied")
+        self.policy.on_tick(tick, self.view)
 
     def publish(self):
         """Delta policies: the current global model becomes the one downloads see (policy decides when)."""

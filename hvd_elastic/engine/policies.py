@@ -5,7 +5,8 @@ question: may this rank start its next step? The rules themselves live in the na
 (``hvd_elastic._native``); this file only feeds them state and keeps the counters the report shows.
 
 Events, in order: attach(engine) once; per step on_push(clock), then on_tick(tick, view) for each tick applied,
-may_proceed(clock) until it says yes, on_proceed(clock); finish() at the end.
+interleaved with may_proceed(clock) (asked before the first tick and after each one, until it says yes),
+on_proceed(clock); finish() at the end.
 """
 from __future__ import annotations
 
@@ -133,7 +134,7 @@ class Dssp(Policy):
         return observed_clocks(self.engine.view, self.rank, clock, t.last_push_ns, t.interval_ns)
 
     def on_push(self, clock: int):
-        self.admitted = None    # decided at the first gate check, once this push's ticks are pulled
+        self.admitted = None    # decided at the first gate check after this push (the engine's, before it pulls)
 
     def may_proceed(self, clock: int) -> bool:
         n = self.engine.size
@@ -219,13 +220,15 @@ class Wbsp(Policy):
     """Worker-busy synchronous parallel (Yang et al. 2024): every rank trains its own copy and uploads each step's
     model delta; the global model W (W += delta / n) is published only at ticks where it holds an upload of the
     slowest rank newer than the last published one, and a rank downloads it at its next step boundary once the
-    slowest has uploaded since its last download (native WbspState). The slowest rank is measured (longest latest
-    iteration time), so it may change during a run; publishing on "the current slowest's latest upload is in W"
+    slowest has uploaded since its last download (native WbspState). The slowest rank is measured (longest median of
+    its last SLOWEST_HISTORY iteration times: one descheduled iteration of a fast rank does not make it the
+    slowest), so it may change during a run; publishing on "the current slowest's latest upload is in W"
     keeps every download consistent even then. Fast ranks never wait for slow ones: with overlap a rank has at
     most one upload in flight, without it none (it waits for its own upload to land: communication)."""
 
     name = "wbsp"
     kind = "delta"
+    SLOWEST_HISTORY = 8   # iteration times per rank the slowest-rank estimate takes the median of
 
     @property
     def max_inflight(self) -> int:
@@ -235,6 +238,7 @@ class Wbsp(Policy):
         super().attach(engine)
         n = engine.size
         self.state = _native.WbspState(n)
+        self.clocks = _native.WorkerClocks(n, history=self.SLOWEST_HISTORY)   # fed from the tick stream
         self.slowest = -1
         self.publishes = 0
         self.published_clocks = np.zeros(n, np.int64)    # uploads of each rank inside the published model
@@ -245,12 +249,11 @@ class Wbsp(Policy):
         uploaded = [q for q in range(view.size) if tick.meta[q, COUNT] > 0]
         for q in uploaded:
             self.state.on_upload(q)
-        wc = _native.WorkerClocks(view.size)
         for q in range(view.size):
-            wc.observe(q, int(view.clocks[q]), int(view.last_push_ns[q]), int(view.interval_ns[q]))
+            self.clocks.observe(q, int(view.clocks[q]), int(view.last_push_ns[q]), int(view.interval_ns[q]))
         # While any rank's iteration time is unmeasured nobody can be named slowest: -1 makes the gate wait for
         # every rank's upload (a safe, BSP-like start).
-        self.slowest = wc.slowest_by_interval() if (view.interval_ns >= 0).all() else -1
+        self.slowest = self.clocks.slowest_by_median_interval() if (view.interval_ns >= 0).all() else -1
         fresh = (view.clocks[self.slowest] > self.published_clocks[self.slowest]) if self.slowest >= 0 \
             else bool(uploaded)
         if fresh:

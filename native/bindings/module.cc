@@ -122,7 +122,11 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("gap", &WorkerClocks::gap)
       .def("slowest_by_clock", &WorkerClocks::slowest_by_clock)
       .def("fastest_by_clock", &WorkerClocks::fastest_by_clock)
-      .def("slowest_by_interval", &WorkerClocks::slowest_by_interval);
+      .def("slowest_by_interval", &WorkerClocks::slowest_by_interval)
+      .def("median_interval_ns", &WorkerClocks::median_interval_ns, py::arg("worker"),
+           "Median of the kept intervals of a worker (lower middle for an even count); -1 if none.")
+      .def("slowest_by_median_interval", &WorkerClocks::slowest_by_median_interval,
+           "Worker with the longest median interval (ties to the lowest rank); -1 if none measured.");
 
   // ---- ZipLine (ElasticBSP) ---------------------------------------------------------------------------------------
   py::class_<Barrier>(m, "Barrier",

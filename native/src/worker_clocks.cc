@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "hvd_elastic/checks.h"
 
@@ -97,6 +98,25 @@ int WorkerClocks::slowest_by_interval() const {
   int64_t best_i = -1;
   for (int p = 0; p < n_; ++p) {
     int64_t i = intervals_[p].empty() ? -1 : intervals_[p].back();
+    if (i > best_i) { best_i = i; best = p; }
+  }
+  return best;
+}
+
+int64_t WorkerClocks::median_interval_ns(int p) const {
+  check_worker(p);
+  if (intervals_[p].empty()) return -1;
+  std::vector<int64_t> v(intervals_[p].begin(), intervals_[p].end());
+  const auto mid = v.begin() + (v.size() - 1) / 2;  // lower middle
+  std::nth_element(v.begin(), mid, v.end());
+  return *mid;
+}
+
+int WorkerClocks::slowest_by_median_interval() const {
+  int best = -1;
+  int64_t best_i = -1;
+  for (int p = 0; p < n_; ++p) {
+    const int64_t i = median_interval_ns(p);
     if (i > best_i) { best_i = i; best = p; }
   }
   return best;

@@ -60,6 +60,21 @@ def test_clocks_match_a_reference_model(n, pushes):
     assert c.clocks == counts
     assert [c.intervals(p) for p in range(n)] == hist
     assert c.gap == max(counts) - min(counts)
+    medians = [sorted(h)[(len(h) - 1) // 2] if h else -1 for h in hist]
+    assert [c.median_interval_ns(p) for p in range(n)] == medians
+    slowest = -1 if max(medians) < 0 else medians.index(max(medians))
+    assert c.slowest_by_median_interval() == slowest
+
+
+def test_slowest_by_median_ignores_one_descheduled_iteration():
+    # Worker 1 is steadily 3x slower; worker 0 had one 100 ms hiccup in its last iteration.
+    c = N.WorkerClocks(2, history=8)
+    for p, times in ((0, [0, 10, 20, 30, 40, 140]), (1, [0, 30, 60, 90, 120, 150])):
+        for t in times:
+            c.record_push(p, t)
+    assert c.slowest_by_interval() == 0             # the latest interval alone is fooled
+    assert c.slowest_by_median_interval() == 1      # the median is not
+    assert c.median_interval_ns(0) == 10 and c.median_interval_ns(1) == 30
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,10 @@ class WorkerClocks {
   int slowest_by_clock() const;     // min clock, ties to the lowest rank
   int fastest_by_clock() const;     // max clock, ties to the lowest rank
   int slowest_by_interval() const;  // longest last interval, ties to the lowest rank; -1 if none measured
+  // Longest median of the kept history (the lower middle value for an even count): one descheduled iteration of a
+  // fast worker does not make it "the slowest". Ties to the lowest rank; -1 if none measured.
+  int slowest_by_median_interval() const;
+  int64_t median_interval_ns(int p) const;  // -1 if p has no measured interval
 
  private:
   void check_worker(int p) const;

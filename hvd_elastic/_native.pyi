@@ -162,6 +162,10 @@ def lbbsp_batch_sizes_cpu(
     throughput: Sequence[float], batch_size: int, caps: Sequence[int] | None = None
 ) -> list[int]:
     """Sizes proportional to throughput, summing to batch_size, each in [1, caps[p]]."""
+def lbbsp_resize_cpu(throughput: Sequence[float], current: Sequence[int], batch_size: int,
+                     caps: Sequence[int] | None = None, tolerance: float = 0.05) -> list[int]:
+    """lbbsp_batch_sizes_cpu's sizes unless they are predicted to finish a step less than `tolerance` (relative)
+    sooner than `current` (predicted step time max b_p / v_p); then `current`."""
 
 class LbbspMove:
     @property

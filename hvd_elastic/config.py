@@ -59,10 +59,10 @@ def _int(minimum):
     return parse
 
 
-def _float(minimum, exclusive=False):
+def _float(minimum, exclusive=False, below=math.inf):
     def parse(raw: str, knob: Knob):
         v = float(str(raw).strip())
-        if math.isnan(v) or math.isinf(v) or v < minimum or (exclusive and v == minimum):
+        if math.isnan(v) or math.isinf(v) or v < minimum or (exclusive and v == minimum) or v >= below:
             raise ValueError
         return v
     return parse
@@ -133,6 +133,9 @@ KNOBS = (
          "Iteration-time predictor used by zipline, dssp and lbbsp.", ("zipline", "dssp", "lbbsp")),
     Knob("lbbsp_mode", "cpu", _choice(LBBSP_MODES), "|".join(LBBSP_MODES),
          "lbbsp: cpu (sizes proportional to throughput) or gpu (step moves with memory caps).", ("lbbsp",)),
+    Knob("lbbsp_tolerance", 0.05, _float(0.0, below=1.0), "number in [0, 1)",
+         "lbbsp: dead band; cpu mode re-sizes only when the new sizes are predicted to finish a step this much "
+         "(relative) sooner, gpu mode stops moving samples once finish times are this close.", ("lbbsp",)),
     Knob("global_batch", 0, _int(1), "integer >= the number of ranks",
          "lbbsp: global batch B, the fixed sum of the per-rank batch sizes; required by lbbsp (0: unset).",
          ("lbbsp",)),
@@ -180,6 +183,7 @@ class Config:
     lookahead: int = 15
     predictor: str = "last"
     lbbsp_mode: str = "cpu"
+    lbbsp_tolerance: float = 0.05
     global_batch: int = 0
     lbbsp_caps: Mapping[Any, int] = dataclasses.field(default_factory=dict)
     wbsp_overlap: bool = False

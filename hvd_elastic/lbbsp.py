@@ -74,7 +74,7 @@ class LbbspController:
         self.history = [[] for _ in range(size)]   # per-sample ns, per rank (cpu mode)
         self.window_times: List[np.ndarray] = []   # gpu mode: step times since the last update
         if self.mode == "gpu":
-            self.gpu = _native.LbbspGpuController(self.batch_size, self.caps)
+            self.gpu = _native.LbbspGpuController(self.batch_size, self.caps, tolerance=cfg.lbbsp_tolerance)
             self.sizes = list(self.gpu.sizes)
         else:
             self.gpu = None
@@ -169,7 +169,8 @@ class LbbspController:
                 h.append(max(1, int(step_ns[p] // max(int(samples[p]), 1))))
                 del h[:-HISTORY]
             throughput = [1e9 / max(self._predict(h), 1) for h in self.history]
-            new = list(_native.lbbsp_batch_sizes_cpu(throughput, self.batch_size, self.caps))
+            new = list(_native.lbbsp_resize_cpu(throughput, self.sizes, self.batch_size, self.caps,
+                                                self.cfg.lbbsp_tolerance))
         self.steps += 1
         mine = int(step_ns[self.rank])
         self.step_ns_sum += mine

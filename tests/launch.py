@@ -50,9 +50,14 @@ def launch(launcher, np, script, args=(), env=None, timeout=120) -> Result:
                      "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                      "OMPI_MCA_rmaps_base_oversubscribe": "1", "HOROVOD_LOG_LEVEL": "warning"})
     full_env.update(env or {})
+    return run(command(launcher, np, script, args), full_env, timeout)
+
+
+def run(cmd, env, timeout) -> Result:
+    """Run a command line from the repository root with exactly `env`; kill its process group after `timeout` s."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(command(launcher, np, script, args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=full_env, cwd=ROOT, text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=env, cwd=ROOT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
         timed_out = False

@@ -280,6 +280,18 @@ PYBIND11_MODULE(_native, m) {
       "LB-BSP CPU mode: per-worker batch sizes proportional to predicted throughput v_p (samples/s), integers\n"
       "summing exactly to batch_size, each in [1, caps[p]] (largest-remainder apportionment, ties to the lowest\n"
       "rank). Raises ValueError if batch_size < n, caps sum below batch_size, or a throughput is not finite and > 0.");
+  m.def(
+      "lbbsp_resize_cpu",
+      [](const std::vector<double>& throughput, const std::vector<int64_t>& current, int64_t batch_size,
+         std::optional<std::vector<int64_t>> caps, double tolerance) {
+        return lbbsp_resize_cpu(throughput, current, batch_size, caps ? *caps : std::vector<int64_t>{}, tolerance);
+      },
+      py::arg("throughput"), py::arg("current"), py::arg("batch_size"), py::arg("caps") = py::none(),
+      py::arg("tolerance") = 0.05,
+      "LB-BSP CPU mode with a dead band: lbbsp_batch_sizes_cpu(throughput, ...) unless those sizes are predicted to\n"
+      "finish a step less than `tolerance` (relative) sooner than `current` (predicted step time: max b_p / v_p);\n"
+      "then `current`. Raises ValueError for bad throughput/caps, current not in [1, cap] or not summing to\n"
+      "batch_size, or tolerance outside [0, 1).");
   py::class_<LbbspMove>(m, "LbbspMove", "One LB-BSP GPU-mode adjustment.")
       .def_readonly("from_worker", &LbbspMove::from, "The straggler that gave samples (-1: no move).")
       .def_readonly("to_worker", &LbbspMove::to, "The fastest worker with headroom that took them (-1: no move).")

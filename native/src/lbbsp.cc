@@ -118,6 +118,34 @@ std::vector<int64_t> lbbsp_batch_sizes_cpu(const std::vector<double>& throughput
   return b;
 }
 
+std::vector<int64_t> lbbsp_resize_cpu(const std::vector<double>& throughput, const std::vector<int64_t>& current,
+                                      int64_t batch_size, const std::vector<int64_t>& caps_in, double tolerance) {
+  const char* where = "lbbsp_resize_cpu";
+  HVD_REQUIRE(std::isfinite(tolerance) && tolerance >= 0.0 && tolerance < 1.0, where,
+              "tolerance must be in [0, 1), got " + checks::num(tolerance));
+  std::vector<int64_t> next = lbbsp_batch_sizes_cpu(throughput, batch_size, caps_in);  // validates throughput, B
+  const size_t n = throughput.size();
+  checks::same_length(n, current.size(), where, "throughput", "current");
+  const std::vector<int64_t> caps = checked_caps(n, batch_size, caps_in, where);
+  int64_t sum = 0;
+  for (size_t p = 0; p < n; ++p) {
+    HVD_REQUIRE(current[p] >= 1 && current[p] <= caps[p], where,
+                "current[" + std::to_string(p) + "] = " + std::to_string(current[p]) + " must be in [1, cap = " +
+                    std::to_string(caps[p]) + "]");
+    sum += current[p];
+  }
+  HVD_REQUIRE(sum == batch_size, where,
+              "current sizes sum to " + std::to_string(sum) + ", not the global batch B = " +
+                  std::to_string(batch_size));
+  // Predicted step time max_p b_p / v_p (only ratios matter, so v need not be scaled).
+  double t_current = 0.0, t_next = 0.0;
+  for (size_t p = 0; p < n; ++p) {
+    t_current = std::max(t_current, static_cast<double>(current[p]) / throughput[p]);
+    t_next = std::max(t_next, static_cast<double>(next[p]) / throughput[p]);
+  }
+  return t_next < (1.0 - tolerance) * t_current ? next : current;
+}
+
 LbbspMove lbbsp_gpu_step(LbbspGpuState& st, const std::vector<int64_t>& t, double tolerance) {
   const char* where = "lbbsp_gpu_step";
   const size_t n = st.sizes.size();

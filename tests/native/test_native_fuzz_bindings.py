@@ -44,6 +44,8 @@ FUNCTIONS = [
     (N.dssp_sync_controller, 5),
     (N.lbbsp_batch_sizes_cpu, 2),
     (N.lbbsp_batch_sizes_cpu, 3),
+    (N.lbbsp_resize_cpu, 3),
+    (N.lbbsp_resize_cpu, 5),
     (N.wbsp_may_download, 2),
 ]
 

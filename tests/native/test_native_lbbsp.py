@@ -91,6 +91,49 @@ def test_bad_cpu_inputs_raise_value_error(args, message):
         N.lbbsp_batch_sizes_cpu(*args)
 
 
+def predicted_step(sizes, v):
+    return max(b / x for b, x in zip(sizes, v))
+
+
+@settings(max_examples=300, deadline=None)
+@given(cpu_cases(), st.floats(0.0, 0.5), st.randoms(use_true_random=False))
+def test_lbbsp_resize_cpu_moves_only_when_the_predicted_gain_exceeds_the_tolerance(case, tolerance, rnd):
+    v, batch, caps = case
+    # Any valid current split: start from the proportional one for shuffled speeds.
+    current = N.lbbsp_batch_sizes_cpu(rnd.sample(v, len(v)), batch, caps)
+    proposed = N.lbbsp_batch_sizes_cpu(v, batch, caps)
+    out = N.lbbsp_resize_cpu(v, current, batch, caps, tolerance)
+    assert out in (current, proposed)
+    gain = predicted_step(proposed, v) < (1 - tolerance) * predicted_step(current, v)
+    assert out == (proposed if gain else current)
+
+
+def test_lbbsp_resize_cpu_ignores_noise_between_equal_workers_and_follows_a_real_straggler():
+    even = [16, 16, 16, 16]
+    noisy = [1.0, 1.04, 0.97, 1.02]          # equal workers measured with a few percent of noise
+    assert N.lbbsp_resize_cpu(noisy, even, 64) == even
+    assert N.lbbsp_resize_cpu(noisy, even, 64, tolerance=0.0) != even   # without the band it would re-size
+    assert N.lbbsp_resize_cpu([1.0, 1.0, 1.0, 1 / 3], even, 64) == [19, 19, 19, 7]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (([1.0, 1.0], [5, 5], 10, None, 1.0), "tolerance must be in"),
+        (([1.0, 1.0], [5, 5], 10, None, -0.1), "tolerance must be in"),
+        (([1.0, 1.0], [5, 5], 10, None, math.nan), "tolerance must be in"),
+        (([1.0, 1.0], [5, 4], 10, None, 0.05), "sum to 9"),
+        (([1.0, 1.0], [10, 0], 10, None, 0.05), "current\\[1\\] = 0"),
+        (([1.0, 1.0], [7, 3], 10, [6, 6], 0.05), "current\\[0\\] = 7"),
+        (([1.0, 1.0], [10], 10, None, 0.05), "mismatched lengths"),
+        (([1.0, 0.0], [5, 5], 10, None, 0.05), "> 0"),
+    ],
+)
+def test_bad_resize_inputs_raise_value_error(args, message):
+    with pytest.raises(ValueError, match=message):
+        N.lbbsp_resize_cpu(*args)
+
+
 def step_times(sizes, per_sample, overhead, power=1.0):
     """A GPU-ish model: time grows super-linearly with the batch at different per-sample costs."""
     return [int(o + a * b**power) for b, a, o in zip(sizes, per_sample, overhead)]

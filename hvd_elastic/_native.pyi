@@ -164,8 +164,8 @@ def lbbsp_batch_sizes_cpu(
     """Sizes proportional to throughput, summing to batch_size, each in [1, caps[p]]."""
 def lbbsp_resize_cpu(throughput: Sequence[float], current: Sequence[int], batch_size: int,
                      caps: Sequence[int] | None = None, tolerance: float = 0.05) -> list[int]:
-    """lbbsp_batch_sizes_cpu's sizes unless they are predicted to finish a step less than `tolerance` (relative)
-    sooner than `current` (predicted step time max b_p / v_p); then `current`."""
+    """`current` while its predicted finish times b_p / v_p are within `tolerance` of each other
+    (max - min <= tolerance * max), else lbbsp_batch_sizes_cpu(throughput, batch_size, caps)."""
 
 class LbbspMove:
     @property

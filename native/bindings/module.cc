@@ -288,9 +288,9 @@ PYBIND11_MODULE(_native, m) {
       },
       py::arg("throughput"), py::arg("current"), py::arg("batch_size"), py::arg("caps") = py::none(),
       py::arg("tolerance") = 0.05,
-      "LB-BSP CPU mode with a dead band: lbbsp_batch_sizes_cpu(throughput, ...) unless those sizes are predicted to\n"
-      "finish a step less than `tolerance` (relative) sooner than `current` (predicted step time: max b_p / v_p);\n"
-      "then `current`. Raises ValueError for bad throughput/caps, current not in [1, cap] or not summing to\n"
+      "LB-BSP CPU mode with a dead band: `current` while its predicted finish times b_p / v_p are within\n"
+      "`tolerance` of each other (max - min <= tolerance * max), else lbbsp_batch_sizes_cpu(throughput, ...).\n"
+      "Raises ValueError for bad throughput/caps, current not in [1, cap] or not summing to\n"
       "batch_size, or tolerance outside [0, 1).");
   py::class_<LbbspMove>(m, "LbbspMove", "One LB-BSP GPU-mode adjustment.")
       .def_readonly("from_worker", &LbbspMove::from, "The straggler that gave samples (-1: no move).")

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <string>
 
@@ -137,13 +138,17 @@ std::vector<int64_t> lbbsp_resize_cpu(const std::vector<double>& throughput, con
   HVD_REQUIRE(sum == batch_size, where,
               "current sizes sum to " + std::to_string(sum) + ", not the global batch B = " +
                   std::to_string(batch_size));
-  // Predicted step time max_p b_p / v_p (only ratios matter, so v need not be scaled).
-  double t_current = 0.0, t_next = 0.0;
+  // Predicted finish times at the current sizes, b_p / v_p: balanced when max - min <= tolerance * max (the GPU
+  // mode's criterion). Comparing predicted step times of the two splits instead would understate the gain when a
+  // fixed per-step cost dominates (per-sample time c / b + s then favours whoever has more samples) and freeze an
+  // unbalanced split.
+  double t_max = 0.0, t_min = std::numeric_limits<double>::infinity();
   for (size_t p = 0; p < n; ++p) {
-    t_current = std::max(t_current, static_cast<double>(current[p]) / throughput[p]);
-    t_next = std::max(t_next, static_cast<double>(next[p]) / throughput[p]);
+    const double t = static_cast<double>(current[p]) / throughput[p];
+    t_max = std::max(t_max, t);
+    t_min = std::min(t_min, t);
   }
-  return t_next < (1.0 - tolerance) * t_current ? next : current;
+  return t_max - t_min <= tolerance * t_max ? current : next;
 }
 
 LbbspMove lbbsp_gpu_step(LbbspGpuState& st, const std::vector<int64_t>& t, double tolerance) {

@@ -16,11 +16,11 @@ namespace hvd_elastic {
 std::vector<int64_t> lbbsp_batch_sizes_cpu(const std::vector<double>& throughput, int64_t batch_size,
                                            const std::vector<int64_t>& caps);
 
-// CPU mode with a dead band: the sizes lbbsp_batch_sizes_cpu gives for `throughput`, unless they are predicted to
-// finish a step less than `tolerance` (relative) sooner than `current`, in which case `current` is kept. Predicted
-// step time of sizes b: max_p b_p / v_p. Without the band, timing noise between equally fast workers re-sizes
-// them every step and creates the imbalance the rule is meant to remove. Throws as lbbsp_batch_sizes_cpu, and
-// unless current has n entries in [1, cap_p] summing to B and tolerance is in [0, 1).
+// CPU mode with a dead band: `current` while its predicted finish times b_p / v_p are within `tolerance` of each
+// other (max - min <= tolerance * max, the GPU mode's criterion), else the sizes lbbsp_batch_sizes_cpu gives for
+// `throughput`. Without the band, timing noise between equally fast workers re-sizes them every step and creates
+// the imbalance the rule is meant to remove. Throws as lbbsp_batch_sizes_cpu, and unless current has n entries in
+// [1, cap_p] summing to B and tolerance is in [0, 1).
 std::vector<int64_t> lbbsp_resize_cpu(const std::vector<double>& throughput, const std::vector<int64_t>& current,
                                       int64_t batch_size, const std::vector<int64_t>& caps, double tolerance);
 

@@ -10,10 +10,10 @@ in-place Sum allreduce of numpy arrays over all ranks, with Horovod's ops) and, 
 
 Per training step the frontend calls :meth:`SyncEngine.step`. The engine pushes the update, applies completed
 ticks in tick order (pull) and blocks while the policy's gate is closed, applying ticks as they arrive. A rank held
-at the gate resumes on exactly the state of the tick that opened it: ticks that completed after that one wait for
-its next step boundary. (Applying them too would let its next gradient see other ranks' *next* updates, which
-BSP never does: with s = 0 the weights would drift from BSP's.) A rank whose gate is open applies every completed
-tick.
+by the policy's rule resumes on exactly the state of the tick that released it: ticks that completed after that
+one wait for its next step boundary. (Applying them too would let its next gradient see other ranks' *next*
+updates, which BSP never does: with s = 0 the weights would drift from BSP's.) Otherwise -- gate open, or held
+only by its own updates in flight -- a rank applies every completed tick (freshest weights).
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ class SyncEngine:
         self.pushed += 1
         self.telemetry.count("pushes")
         self.policy.on_push(self.ticker.clock)
-        self._pull(block=False, until_open=self.policy.blocked_by(self.ticker.clock) is not None)
+        self._pull(block=False, until_open=self.policy.blocked_by(self.ticker.clock) == "wait")
         self.telemetry.comm_s += (time.perf_counter() - t0) - (self._busy_s - busy0)
         self._gate()
         self.policy.on_proceed(self.ticker.clock)
@@ -85,7 +85,7 @@ class SyncEngine:
             reason = self.policy.blocked_by(self.ticker.clock)
             if reason is None:
                 return
-            progressed = self._pull(block=True, timeout=1.0, until_open=True)
+            progressed = self._pull(block=True, timeout=1.0, until_open=reason == "wait")
             blocked = (time.perf_counter() - t0) - (self._busy_s - busy0)
             if reason == "comm":
                 self.telemetry.comm_s += blocked

@@ -33,7 +33,9 @@ def test_quick_benchmark_writes_results_plots_and_table(tmp_path):
             shares = (r["compute_share"][k], r["wait_share"][k], r["comm_share"][k])
             assert all(0 <= v <= 1 for v in shares) and sum(shares) <= 1.01, r
         times = [p[0] for p in run["curve"]]
-        assert times == sorted(times) and len(times) >= 3, run["curve"]
+        # from the initial accuracy at 0 s, global step 0, to the final one at the budget
+        assert times == sorted(times) and len(times) >= 3 and run["curve"][0][:2] == [0.0, 0], run["curve"]
+        assert run["curve"][-1][1] == 64, run["curve"]
         assert 0.1 < r["final_accuracy"] <= 1.0          # 64 steps: above chance (0.1), not trained
         assert run["report"]["size"] == 4
     # the straggler (rank 3, 3x slower) takes fewer local steps than a fast rank when nobody waits for it (asp)

@@ -75,7 +75,9 @@ def main():
         # in steps of --batch-size samples (an lbbsp step of B samples counts `size` of them)
         return local * size if policy == "horovod" else hvde.global_steps(opt)
 
-    curve, local = [], 0
+    # The curve starts at the initial accuracy (taken before the clock starts), so every run has a curve even when
+    # rank 0 evaluates rarely (e.g. a short run in which the others take most of the global steps).
+    curve, local = ([[0.0, 0, accuracy()]] if rank == 0 else []), 0
     hvd.allreduce(torch.zeros(1), name="bench.start")      # start together
     t0 = last_end = time.perf_counter()
     # The report measures from here, as the reference does: set-up (broadcasts, first optimizer construction) is

@@ -134,8 +134,8 @@ KNOBS = (
     Knob("lbbsp_mode", "cpu", _choice(LBBSP_MODES), "|".join(LBBSP_MODES),
          "lbbsp: cpu (sizes proportional to throughput) or gpu (step moves with memory caps).", ("lbbsp",)),
     Knob("lbbsp_tolerance", 0.05, _float(0.0, below=1.0), "number in [0, 1)",
-         "lbbsp: dead band; cpu mode re-sizes only when the new sizes are predicted to finish a step this much "
-         "(relative) sooner, gpu mode stops moving samples once finish times are this close.", ("lbbsp",)),
+         "lbbsp: dead band; the sizes stay while the ranks' (predicted) finish times are within this fraction "
+         "of each other: max - min <= tolerance x max (cpu and gpu mode).", ("lbbsp",)),
     Knob("global_batch", 0, _int(1), "integer >= the number of ranks",
          "lbbsp: global batch B, the fixed sum of the per-rank batch sizes; required by lbbsp (0: unset).",
          ("lbbsp",)),

@@ -43,14 +43,20 @@ def command(launcher, np, script, args=()):
     raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
 
 
-def launch(launcher, np, script, args=(), env=None, timeout=120) -> Result:
-    """Run `script` on `np` ranks; kill the whole process group after `timeout` seconds."""
+def job_env(env=None) -> dict:
+    """The environment of a launched job: this one without any HVD_ELASTIC_* setting, the venv and this checkout
+    first, then `env`."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("HVD_ELASTIC_")}
     full_env.update({"PATH": BIN + os.pathsep + os.environ.get("PATH", ""), "PYTHONUNBUFFERED": "1",
                      "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                      "OMPI_MCA_rmaps_base_oversubscribe": "1", "HOROVOD_LOG_LEVEL": "warning"})
     full_env.update(env or {})
-    return run(command(launcher, np, script, args), full_env, timeout)
+    return full_env
+
+
+def launch(launcher, np, script, args=(), env=None, timeout=120) -> Result:
+    """Run `script` on `np` ranks; kill the whole process group after `timeout` seconds."""
+    return run(command(launcher, np, script, args), job_env(env), timeout)
 
 
 def run(cmd, env, timeout) -> Result:

@@ -1,16 +1,13 @@
 """The README's demo under bsp: it learns, and the telemetry shows the straggler's peers waiting (the problem)."""
 import json
-import os
 
-from launch import ROOT, launch, run
+from launch import job_env, launch, run
 
 
 def test_demo_learns_and_fast_ranks_wait_for_the_straggler_under_bsp(tmp_path):
     # The README's command itself (it sources ci/env.sh: its variables must not trip the plugin's settings check).
     report_path = tmp_path / "report.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HVD_ELASTIC_")}
-    env.update({"HVD_ELASTIC_EMULATE_DELAY": "*:0.002,3:0.03", "HVD_ELASTIC_REPORT_JSON": str(report_path),
-                "PYTHONPATH": ROOT, "HOROVOD_LOG_LEVEL": "warning"})
+    env = job_env({"HVD_ELASTIC_EMULATE_DELAY": "*:0.002,3:0.03", "HVD_ELASTIC_REPORT_JSON": str(report_path)})
     res = run(["bash", "ci/demo.sh", "horovodrun"], env, timeout=300)
     assert res.returncode == 0 and not res.timed_out, res.output[-3000:]
     assert res.lines_with("[demo] policy=bsp emulate_delay=*:0.002,3:0.03 launcher=horovodrun")

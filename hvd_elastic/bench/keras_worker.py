@@ -35,8 +35,11 @@ class Bench(keras.callbacks.Callback):
         self.straggler.pause(0.0, samples=self.samples)
         self.local += 1
 
+    def accuracy(self) -> float:
+        return float((np.argmax(self.model(self.x_te, training=False).numpy(), 1) == self.y_te).mean())
+
     def evaluate(self, global_steps):
-        acc = float((np.argmax(self.model(self.x_te, training=False).numpy(), 1) == self.y_te).mean())
+        acc = self.accuracy()
         self.curve.append([time.perf_counter() - self.t0[0], global_steps, acc])
         return acc
 
@@ -75,8 +78,7 @@ def main():
     class Start(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):   # after SyncCallback's broadcast: start the clock together
             if rank == 0:   # the curve starts at the initial accuracy, taken before the clock starts
-                bench.curve.append([0.0, 0, float((np.argmax(self.model(x_te, training=False).numpy(), 1)
-                                                   == y_te).mean())])
+                bench.curve.append([0.0, 0, bench.accuracy()])
             hvd.allreduce(tf.zeros(1), name="bench.start")
             t0[0] = time.perf_counter()
             # the report measures from here (set-up is not training time), as in torch_worker.py
@@ -98,7 +100,7 @@ def main():
         fit_args = dict(x=xs[order], y=ys[order], batch_size=args.batch_size, shuffle=False)
     model.fit(**fit_args, epochs=1, verbose=0, callbacks=[bench, sync, Start(), Curve(bench, opt)])
     wall = time.perf_counter() - t0[0]
-    final = float((np.argmax(model(x_te, training=False).numpy(), 1) == y_te).mean())
+    final = bench.accuracy()
     if rank == 0:
         curve = bench.curve + [[wall, args.global_steps, final]]
         with open(args.out, "w") as f:

@@ -68,6 +68,15 @@ def _float(minimum, exclusive=False, below=math.inf):
     return parse
 
 
+def _int_or_auto(minimum):
+    as_int = _int(minimum)
+
+    def parse(raw: str, knob: Knob):
+        v = str(raw).strip().lower()
+        return "auto" if v == "auto" else as_int(v, knob)
+    return parse
+
+
 def _bool(raw: str, knob: Knob):
     v = str(raw).strip().lower()
     if v in ("1", "true", "yes", "on"):
@@ -147,9 +156,15 @@ KNOBS = (
     Knob("tick_ms", 1.0, _float(0.0, exclusive=True), "number > 0",
          "Relaxed policies: minimum interval between two partial-allreduce ticks, in milliseconds.",
          ("asp", "ssp", "dssp", "zipline", "wbsp")),
-    Knob("max_inflight", 2, _int(0), "integer >= 0",
+    Knob("max_inflight", 0, _int_or_auto(0), "integer >= 0|auto",
          "Relaxed gradient policies: own pushes a rank may have in flight (not yet back in a tick) when it starts "
-         "a step; 0 waits for each.", ("asp", "ssp", "dssp", "zipline")),
+         "a step. 0 (default): a rank computes on weights that hold its own last update (staleness ~1 instead of "
+         "~n); auto: the fewest that hide the measured push-to-delivery time behind the step (1 to 4): faster "
+         "steps, staler gradients (docs/design.md).", ("asp", "ssp", "dssp", "zipline")),
+    Knob("staleness_compensation", "none", _choice(("none", "inverse")), "none|inverse",
+         "Relaxed gradient policies: scale each gradient by its predicted staleness before it is pushed; inverse: "
+         "min(1, n / staleness) (Zhang et al. 2016, lr / staleness), none: unscaled.",
+         ("asp", "ssp", "dssp", "zipline")),
     Knob("emulate_delay", {}, _per_rank(0.0), "'*:SECONDS,RANK:SECONDS,...' with SECONDS >= 0",
          "Emulated straggler: extra sleep per step, for every rank (*) and/or named ranks."),
     Knob("emulate_slowdown", {}, _per_rank(1.0), "'*:FACTOR,RANK:FACTOR,...' with FACTOR >= 1",
@@ -188,7 +203,8 @@ class Config:
     lbbsp_caps: Mapping[Any, int] = dataclasses.field(default_factory=dict)
     wbsp_overlap: bool = False
     tick_ms: float = 1.0
-    max_inflight: int = 2
+    max_inflight: Any = 0
+    staleness_compensation: str = "none"
     emulate_delay: Mapping[Any, float] = dataclasses.field(default_factory=dict)
     emulate_slowdown: Mapping[Any, float] = dataclasses.field(default_factory=dict)
     emulate_sample_delay: Mapping[Any, float] = dataclasses.field(default_factory=dict)

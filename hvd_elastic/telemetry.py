@@ -15,6 +15,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
+from .engine.staleness import summarize
+
 
 class Telemetry:
     """Time accounting of one rank. Times are seconds from time.perf_counter()."""
@@ -75,7 +77,16 @@ def build_report(snapshots: List[Dict[str, Any]], policy: str, config: Dict[str,
                       "wait_share": wait / wall if wall > 0 else 0.0,
                       "comm_share": comm / wall if wall > 0 else 0.0,
                       "counters": s["counters"]})
-    return {"policy": policy, "size": len(snapshots), "config": config, "ranks": ranks}
+    report = {"policy": policy, "size": len(snapshots), "config": config, "ranks": ranks}
+    merged: Dict[str, int] = {}
+    for s in snapshots:
+        for k, v in s["counters"].get("staleness_histogram", {}).items():
+            merged[k] = merged.get(k, 0) + int(v)
+    if merged:
+        # Every rank's updates together: gradients (or deltas) applied between the weights an update was computed
+        # on and its application (hvd_elastic/engine/staleness.py). Not the clock gap.
+        report["staleness"] = {**summarize(merged), "histogram": dict(sorted(merged.items(), key=lambda kv: int(kv[0])))}
+    return report
 
 
 def format_report(report: Dict[str, Any]) -> str:
@@ -87,6 +98,10 @@ def format_report(report: Dict[str, Any]) -> str:
         lines.append(f"{r['rank']:>4} {r['steps']:>6} {r['wall_s']:>8.2f} {r['compute_s']:>10.2f} {r['wait_s']:>8.2f}"
                      f" {r['comm_s']:>8.2f} {r['other_s']:>8.2f} {100 * r['compute_share']:>9.1f}"
                      f" {100 * r['wait_share']:>6.1f} {100 * r['comm_share']:>6.1f}")
+    st = report.get("staleness")
+    if st:
+        lines.append(f"staleness (updates applied between the weights an update was computed on and its application, "
+                     f"all ranks): mean {st['mean']:.2f}, p90 {st['p90']}, max {st['max']} over {st['updates']} updates")
     for r in report["ranks"]:
         if r["counters"]:
             lines.append(f"rank {r['rank']}: " + ", ".join(f"{k}={v}" for k, v in sorted(r["counters"].items())

@@ -25,7 +25,8 @@ import numpy as np
 
 from ..errors import HvdElasticError
 from ..telemetry import Telemetry
-from .ticker import Tick, Ticker
+from .staleness import StalenessLog, compensation_weight
+from .ticker import CLOCK, Tick, Ticker
 from .view import GlobalView
 
 
@@ -49,6 +50,12 @@ class SyncEngine:
         self.finished = False
         self._busy_s = 0.0               # time spent applying updates (counted as compute, not wait)
         self._backlog: Deque[Tick] = collections.deque()   # completed ticks taken but not applied yet
+        # Staleness (engine/staleness.py): updates held by the weights this rank computes its next update on, and
+        # (clock, that count) for each own push not applied yet.
+        self.staleness = StalenessLog()
+        self._applied_at_read = 0
+        self._unapplied: Deque = collections.deque()
+        self._published_applied = 0
         if policy.kind == "delta":
             self.global_model = read_params().astype(dtype, copy=True)   # W, identical on every rank at start
             self.last_upload = self.global_model.copy()
@@ -67,7 +74,16 @@ class SyncEngine:
             w = self.read_params()
             update = w - self.last_upload
             self.last_upload = w
+        else:
+            weight = compensation_weight(self.policy.compensation,
+                                         self.ticker.updates_before_next_push(self._applied_at_read), self.size)
+            self.staleness.add_weight(weight)
+            if weight != 1.0:
+                update *= weight
         self.ticker.push(update, int(compute_s * 1e9))
+        self._unapplied.append((self.ticker.clock, self._applied_at_read))
+        if self.policy.kind == "delta":
+            self._applied_at_read += 1   # the rank's own copy holds this delta already (see staleness.py)
         self.pushed += 1
         self.telemetry.count("pushes")
         self.policy.on_push(self.ticker.clock)
@@ -75,6 +91,8 @@ class SyncEngine:
         self.telemetry.comm_s += (time.perf_counter() - t0) - (self._busy_s - busy0)
         self._gate()
         self.policy.on_proceed(self.ticker.clock)
+        if self.policy.kind == "gradient":
+            self._applied_at_read = self.applied_contributions   # the replica the next step computes on
         self.telemetry.compute_s += self._busy_s - busy0
 
     def _gate(self):
@@ -109,6 +127,7 @@ class SyncEngine:
         t0 = time.perf_counter()
         self.write_params(self.published)
         self.last_upload = self.published.copy()
+        self._applied_at_read = self._published_applied
         self.telemetry.count("downloads")
         self._busy_s += time.perf_counter() - t0
 
@@ -126,6 +145,10 @@ class SyncEngine:
 
     def _apply(self, tick: Tick):
         self.view.update(tick.meta)
+        delivered = int(tick.meta[self.rank, CLOCK])
+        while self._unapplied and self._unapplied[0][0] <= delivered:
+            clock, applied_at_read = self._unapplied.popleft()
+            self.staleness.add(self.applied_contributions - applied_at_read, clock)
         if tick.update is not None:
             t0 = time.perf_counter()
             if self.policy.kind == "gradient":
@@ -140,6 +163,7 @@ class SyncEngine:
     def publish(self):
         """Delta policies: the current global model becomes the one downloads see (policy decides when)."""
         self.published = self.global_model.copy()
+        self._published_applied = self.applied_contributions
         self.telemetry.count("publishes")
 
     def _wait_until(self, condition: Callable[[], bool], what: str):
@@ -169,5 +193,7 @@ class SyncEngine:
         self.telemetry.counters.update({
             "ticks": self.ticker.ticks, "nonempty_ticks": self.ticker.nonempty_ticks,
             "tick_comm_s": round(self.ticker.comm_s, 3), "pushed": self.pushed,
-            "applied_contributions": self.applied_contributions})
+            "applied_contributions": self.applied_contributions, **self.staleness.counters()})
+        if self.policy.kind == "gradient":
+            self.telemetry.counters["max_inflight"] = self.policy.max_inflight
         self.policy.finish()

@@ -10,6 +10,7 @@ on_proceed(clock); finish() at the end.
 """
 from __future__ import annotations
 
+import math
 import zlib
 from typing import Dict, Optional, Type
 
@@ -52,9 +53,25 @@ class Policy:
         """The policy's rule: may this rank start its next step, as far as the other ranks are concerned?"""
         return True
 
+    AUTO_MAX_INFLIGHT = 4
+
+    @property
+    def compensation(self) -> str:
+        return self.cfg.staleness_compensation
+
     @property
     def max_inflight(self) -> int:
-        return self.cfg.max_inflight
+        """HVD_ELASTIC_MAX_INFLIGHT, or under "auto" the fewest own pushes in flight that let this rank start its
+        next step without waiting for its own updates: ceil(push-to-delivery time / step time), measured on this
+        rank (1 until measured, at most AUTO_MAX_INFLIGHT). A local choice: it changes when this rank may start a
+        step, never what any rank applies, so ranks need not agree on it."""
+        k = self.cfg.max_inflight
+        if k != "auto":
+            return k
+        t = self.engine.ticker
+        if t.interval_ns <= 0 or t.push_latency_s <= 0:
+            return 1
+        return max(1, min(self.AUTO_MAX_INFLIGHT, math.ceil(1.25 * t.push_latency_s * 1e9 / t.interval_ns)))
 
     def blocked_by(self, clock: int) -> Optional[str]:
         """Why this rank may not start its next step: "comm" while more than max_inflight of its own pushes have

@@ -89,6 +89,11 @@ class Ticker:
         self._finished = False
         self._completed: Deque[Tick] = collections.deque()
         self._delivered_clock = 0      # own pushes that are inside a completed tick
+        self.delivered_total = 0       # pushes of all ranks inside completed ticks
+        self.in_flight = False         # a tick has been sent and has not completed yet
+        self.mean_count = 0.0          # pushes per tick (all ranks), moving average
+        self._push_times: Deque[float] = collections.deque()   # perf_counter of own pushes not delivered yet
+        self.push_latency_s = 0.0      # push -> delivered in a completed tick, moving average (own pushes)
         self._error: Optional[BaseException] = None
         self._stopped = False
         self.ticks = 0
@@ -111,6 +116,7 @@ class Ticker:
             np.add(self._pending[:self.numel], update, out=self._pending[:self.numel])
             self._pending_count += 1
             self._clock += 1
+            self._push_times.append(time.perf_counter())
             self._last_push_ns = self.now_ns()
             self._interval_ns = int(interval_ns)
             return self._clock
@@ -126,6 +132,13 @@ class Ticker:
     @property
     def interval_ns(self) -> int:
         return self._interval_ns
+
+    def updates_before_next_push(self, applied_at_read: int) -> float:
+        """Predicted staleness of an update pushed now, computed on weights that held `applied_at_read` updates:
+        the updates already delivered since then, plus the expected count of a tick in flight (the push goes into
+        the tick after it)."""
+        with self._lock:
+            return self.delivered_total - applied_at_read + (self.mean_count if self.in_flight else 0.0)
 
     def all_delivered(self) -> bool:
         """True when every update this rank pushed is inside a completed tick."""
@@ -177,6 +190,7 @@ class Ticker:
                             self._lock.wait(wait)
                 last = time.monotonic()
                 with self._lock:
+                    self.in_flight = True
                     send, self._pending = self._pending, np.zeros(self.numel + self._meta_words, self.dtype)
                     count, self._pending_count = self._pending_count, 0
                     meta = np.full((self.size, META_COLUMNS), -1, np.int64)   # encodes to zeros
@@ -197,7 +211,16 @@ class Ticker:
                     self.bytes_reduced += send.nbytes
                     if total:
                         self.nonempty_ticks += 1
-                    self._delivered_clock = int(meta[self.rank, CLOCK])
+                    self.delivered_total += total
+                    self.mean_count += 0.2 * (total - self.mean_count)
+                    self.in_flight = False
+                    delivered = int(meta[self.rank, CLOCK])
+                    now = time.perf_counter()
+                    for _ in range(delivered - self._delivered_clock):
+                        latency = now - self._push_times.popleft()
+                        self.push_latency_s = latency if self.push_latency_s == 0 else \
+                            self.push_latency_s + 0.2 * (latency - self.push_latency_s)
+                    self._delivered_clock = delivered
                     self._completed.append(tick)
                     done = bool(meta[:, FINISHED].all()) and total == 0
                     if done:

@@ -1,0 +1,53 @@
+"""True staleness (hvd_elastic/engine/staleness.py): the number of updates applied between the weights an update
+was computed on and its own application -- checked against a trace computed by hand from the ranks' timelines, and
+its summary and compensation rule against hand-made numbers."""
+import json
+import os
+
+import pytest
+
+from hvd_elastic.engine.staleness import compensation_weight, summarize
+from launch import launch
+
+
+def test_summary_of_a_hand_made_histogram():
+    s = summarize({"0": 5, "1": 3, "4": 1, "9": 1})
+    assert s == {"updates": 10, "mean": (3 + 4 + 9) / 10, "p50": 0, "p90": 4, "max": 9}
+    assert summarize({}) == {"updates": 0, "mean": 0.0, "p50": 0, "p90": 0, "max": 0}
+
+
+def test_inverse_compensation_keeps_bsp_weight_up_to_n_and_scales_staler_updates():
+    assert compensation_weight("none", 40, 4) == 1.0
+    assert [compensation_weight("inverse", s, 4) for s in (0, 3, 4, 8, 16)] == [1.0, 1.0, 1.0, 0.5, 0.25]
+    with pytest.raises(ValueError, match="accepted: none|inverse"):
+        compensation_weight("dc", 3, 4)
+
+
+MARGIN = 0.03   # s: ticks complete within a few ms under MPI; pushes closer than this to a window edge are ambiguous
+
+
+def test_staleness_matches_the_trace_computed_by_hand_on_two_ranks(tmp_path):
+    """With HVD_ELASTIC_MAX_INFLIGHT=0 a rank's own push is applied before its next step starts, so the updates
+    applied between the weights of step k and its application are exactly the other rank's pushes made between the
+    start of step k and its push: 0 or 1 for the fast rank (100 ms steps), 3 or 4 for the slow one (370 ms)."""
+    res = launch("mpirun", 2, "tests/workers/staleness_trace.py", [tmp_path, "3.0"],
+                 env={"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_MAX_INFLIGHT": "0"}, timeout=120)
+    assert res.returncode == 0 and not res.timed_out, res.output[-3000:]
+    ranks = [json.load(open(os.path.join(tmp_path, f"rank{r}.json"))) for r in range(2)]
+    checked, seen = 0, set()
+    for me in (0, 1):
+        other_pushes = [push for _, push in ranks[1 - me]["steps"]]
+        trace = ranks[me]["report"]["ranks"][me]["counters"]["staleness_trace"]
+        assert len(trace) == len(ranks[me]["steps"])        # every push accounted once it was applied
+        for clock, (start, push) in enumerate(ranks[me]["steps"], 1):
+            if any(abs(q - start) < MARGIN or abs(q - push) < MARGIN for q in other_pushes):
+                continue
+            by_hand = sum(start < q < push for q in other_pushes)
+            assert trace[str(clock)] == by_hand, (me, clock, trace[str(clock)], by_hand)
+            checked += 1
+            seen.add((me, by_hand))
+    total = len(ranks[0]["steps"]) + len(ranks[1]["steps"])
+    assert checked >= 0.7 * total, (checked, total)
+    assert (0, 0) in seen and any(me == 1 and n >= 3 for me, n in seen), seen   # both regimes were checked
+    st = ranks[0]["report"]["staleness"]
+    assert st["updates"] == total and st["max"] >= 3

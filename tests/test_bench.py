@@ -1,13 +1,20 @@
-"""The benchmark command (python -m hvd_elastic.bench) end to end, small: real 4-rank jobs under mpirun for
-plain Horovod and asp (PyTorch) and asp (Keras) on the static-skew profile. Checks the pipeline and the files it
-writes, not speed (speed figures live in docs/benchmarks.md, measured by the full command)."""
+"""The benchmark command (python -m hvd_elastic.bench) end to end, small: real 4-rank jobs under mpirun on the
+static-skew profile -- task digits: plain Horovod and asp (PyTorch) and asp (Keras); task mnist1d: plain Horovod and
+asp (PyTorch) on a small budget -- plus the figures' logic on hand-made numbers (time to target that must *stay*
+reached, final accuracy, medians and spreads over seeds). Checks the pipeline and the files it writes, not speed
+(speed figures live in docs/benchmarks.md, measured by the full command)."""
 import csv
 import json
 import os
 import subprocess
 import sys
 
+import pytest
+
 from launch import BIN, ROOT
+
+from hvd_elastic.bench.matrix import (Eta, aggregate, final_accuracy, merge_runs, spread, summarize,
+                                      time_to_target)
 
 
 def _env():
@@ -16,17 +23,29 @@ def _env():
     return env
 
 
+def _bench(args, timeout=420):
+    proc = subprocess.run([sys.executable, "-m", "hvd_elastic.bench", *args], cwd=ROOT, env=_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    return proc
+
+
+def _is_png(path):
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_quick_benchmark_writes_results_plots_and_table(tmp_path):
     out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, "-m", "hvd_elastic.bench", "--quick", "--frontends", "torch,keras",
-                           "--policies", "horovod,asp", "--out", str(out)], cwd=ROOT, env=_env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=420)
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    # progress: one line per job, numbered
-    assert [l.split("]")[0] for l in proc.stdout.splitlines() if l.startswith("[")] == ["[1/3", "[2/3", "[3/3"]
+    proc = _bench(["--quick", "--frontends", "torch,keras", "--policies", "horovod,asp", "--out", str(out)])
+    # progress: one line per job, numbered, with an estimate of what is left
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("[")]
+    assert [l.split("]")[0] for l in lines] == ["[1/3", "[2/3", "[3/3"]
+    assert "2 jobs left: ~" in lines[0] and "0 jobs left" in lines[2], lines
     data = json.load(open(out / "results.json"))
+    assert data["task"] == "digits" and data["global_steps"] == 64
     rows = data["rows"]
-    assert [(r["frontend"], r["policy"]) for r in rows] == [("torch", "horovod"), ("torch", "asp"), ("keras", "asp")]
+    assert [(r["frontend"], r["policy"], r["seed"]) for r in rows] == [
+        ("torch", "horovod", 0), ("torch", "asp", 0), ("keras", "asp", 0)]
     for r, run in zip(rows, data["runs"]):
         assert r["profile"] == "static" and len(r["compute_share"]) == 4
         for k in range(4):
@@ -45,12 +64,118 @@ def test_quick_benchmark_writes_results_plots_and_table(tmp_path):
     assert len(set(rows[0]["local_steps"])) == 1, rows[0]["local_steps"]
     with open(out / "results.csv") as f:
         assert len(list(csv.DictReader(f))) == 3
-    for name in ("torch-static-accuracy.png", "torch-static-shares.png", "keras-static-accuracy.png",
-                 "keras-static-shares.png"):
-        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    with open(out / "cells.csv") as f:
+        assert [(c["frontend"], c["policy"]) for c in csv.DictReader(f)] == [
+            ("torch", "horovod"), ("torch", "asp"), ("keras", "asp")]
+    for fe in ("torch", "keras"):
+        for kind in ("time-to-target", "accuracy", "shares"):
+            assert _is_png(out / f"{fe}-static-{kind}.png"), (fe, kind)
     md = (out / "benchmarks.md").read_text()
     assert "## torch, static" in md and "## keras, static" in md and "| asp |" in md and "| horovod |" in md
-    assert "## Targets of issue 7" in md and "final accuracy within 1 point" in md
+    assert "### Targets" in md and "issue 7" not in md and "final accuracy of every policy within 1 point" in md
+
+
+def test_quick_mnist1d_benchmark_curves_from_snapshots(tmp_path):
+    out = tmp_path / "bench"
+    proc = _bench(["--task", "mnist1d", "--quick", "--policies", "horovod,asp", "--out", str(out)], timeout=300)
+    assert proc.stdout.startswith("task mnist1d: 2 jobs (1 seed), 320 global steps of 32 samples"), proc.stdout[:300]
+    data = json.load(open(out / "results.json"))
+    assert data["task"] == "mnist1d" and data["target"] == 0.9
+    rows, runs = data["rows"], data["runs"]
+    assert [(r["policy"], r["seed"]) for r in rows] == [("horovod", 0), ("asp", 0)]
+    for r, run in zip(rows, runs):
+        curve = run["curve"]
+        # rank 0's snapshots (every 8 of its local steps, from the initial model) evaluated after training, then the
+        # final model after finish()
+        assert len(curve) == 1 + r["local_steps"][0] // 8 + 1, (len(curve), r["local_steps"])
+        assert curve[0][:2] == [0.0, 0] and curve[-1][1] == 320 and curve[-1][2] == run["final_accuracy"]
+        assert [p[0] for p in curve] == sorted(p[0] for p in curve) and curve[-1][0] == run["wall_s"]
+        assert [p[1] for p in curve] == sorted(p[1] for p in curve)
+        assert all(0.0 <= p[2] <= 1.0 for p in curve)
+        assert r["final_accuracy"] == round(final_accuracy(curve), 4)
+        assert r["time_to_target_s"] is None or r["time_to_target_steps"] <= 320
+    # 320 gradients of a 1-D CNN: above chance, far from trained
+    assert runs[0]["final_accuracy"] > max(0.15, runs[0]["curve"][0][2]), runs[0]["curve"]
+    assert rows[0]["staleness"] == {"mean": 0, "p90": 0, "max": 0}      # plain Horovod: 0 by construction
+    st = rows[1]["staleness"]                                            # asp: from the report, if it has it
+    assert st is None or (0 <= st["mean"] <= st["max"] and st["p90"] <= st["max"]), st
+    assert rows[1]["local_steps"][3] < rows[1]["local_steps"][0]
+    cells = data["cells"]
+    assert [c["policy"] for c in cells] == ["horovod", "asp"] and cells[0]["time_to_target_s"]["n"] == 1
+    for kind in ("time-to-target", "accuracy", "shares"):
+        assert _is_png(out / f"torch-static-{kind}.png"), kind
+    md = (out / "benchmarks.md").read_text()
+    assert "--task mnist1d" in md and "MNIST-1D" in md and "| horovod | " in md and "### Targets" in md
+
+
+def test_time_to_target_counts_only_once_accuracy_stays():
+    curve = [[0.0, 0, 0.1], [1.0, 10, 0.91], [2.0, 20, 0.89], [3.0, 30, 0.90], [4.0, 40, 0.95], [4.5, 48, 0.93]]
+    assert time_to_target(curve, 0.9) == (3.0, 30)          # the crossing at 1 s dipped below again: not counted
+    assert time_to_target(curve, 0.85) == (1.0, 10)
+    assert time_to_target(curve, 0.94) is None               # reached at 4 s, but the final evaluation is below
+    assert time_to_target(curve, 0.05) == (0.0, 0)
+    assert time_to_target(curve[:3], 0.9) is None            # ends below after a crossing
+    assert final_accuracy(curve) == pytest.approx((0.91 + 0.89 + 0.90 + 0.95 + 0.93) / 5)
+    assert final_accuracy(curve[:2]) == pytest.approx((0.1 + 0.91) / 2)   # fewer than 5 evaluations: all of them
+
+
+def test_median_and_spread_over_seeds():
+    assert spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3, "missing": 0}
+    # a run that never reached counts as infinitely late: it moves the median, not the range of the others
+    assert spread([4.0, None, 2.0]) == {"median": 4.0, "min": 2.0, "max": 4.0, "n": 3, "missing": 1}
+    assert spread([4.0, None, None])["median"] is None
+    assert spread([1.0, 2.0, 3.0, 10.0])["median"] == 2.5
+
+    def row(policy, seed, t, acc, wall, profile="static"):
+        return {"frontend": "torch", "profile": profile, "policy": policy, "seed": seed, "time_to_target_s": t,
+                "time_to_target_steps": None if t is None else int(100 * t), "final_accuracy": acc, "wall_s": wall,
+                "staleness": {"mean": 0, "p90": 0, "max": 0} if policy == "horovod" else
+                {"mean": 1.0 + seed, "p90": 3, "max": 5 + seed},
+                "fast_compute_share": 0.5, "fast_wait_share": 0.4, "compute_share": [0.5] * 4,
+                "wait_share": [0.4] * 4, "comm_share": [0.0] * 4}
+
+    rows = [row("horovod", 0, 10.0, 0.95, 20.0), row("horovod", 1, 12.0, 0.96, 22.0), row("horovod", 2, 8.0, 0.94,
+                                                                                            21.0),
+            row("asp", 0, 5.0, 0.94, 10.0), row("asp", 1, None, 0.93, 9.0), row("asp", 2, 4.0, 0.95, 11.0)]
+    hvd, asp = aggregate(rows)
+    assert hvd["policy"] == "horovod" and hvd["time_to_target_s"]["median"] == 10.0
+    assert hvd["speedup"]["median"] == 1.0 and hvd["speedup"]["min"] == pytest.approx(10 / 12)
+    assert hvd["final_accuracy"] == {"median": 0.95, "min": 0.94, "max": 0.96, "n": 3, "missing": 0}
+    assert asp["time_to_target_s"] == {"median": 5.0, "min": 4.0, "max": 5.0, "n": 3, "missing": 1}
+    assert asp["time_to_target_steps"]["median"] == 500
+    assert asp["speedup"]["median"] == 2.0                          # Horovod's median 10 s / asp's median 5 s
+    assert (asp["speedup"]["min"], asp["speedup"]["max"], asp["speedup"]["missing"]) == (2.0, 2.5, 1)
+    assert asp["wall_s"]["median"] == 10.0 and asp["wall_speedup"] == 2.1
+    assert asp["staleness"] == {"mean": 2.0, "p90": 3, "max": 6}
+    assert asp["median_seed"] == 0 and hvd["median_seed"] == 0     # the runs drawn in the accuracy plots
+    # a relaxed run whose report has no staleness: '-' (None), never a failure
+    rows[3]["staleness"] = None
+    assert aggregate(rows)[1]["staleness"] is None
+
+
+def test_summarize_one_run():
+    curve = [[0.0, 0, 0.1], [1.0, 40, 0.92], [2.0, 80, 0.88], [3.0, 120, 0.91], [4.0, 160, 0.93], [5.0, 200, 0.94],
+             [5.5, 200, 0.95]]
+    ranks = [{"rank": k, "compute_share": 0.9, "wait_share": 0.05, "comm_share": 0.02, "steps": 50} for k in range(4)]
+    res = {"frontend": "torch", "profile": "static", "name": "asp", "seed": 2, "wall_s": 5.5, "final_accuracy": 0.95,
+           "curve": curve, "report": {"ranks": ranks, "staleness": {"mean": 1.5, "p50": 1, "p90": 3, "max": 7}}}
+    r = summarize(res, 0.9)
+    assert (r["time_to_target_s"], r["time_to_target_steps"], r["seed"]) == (3.0, 120, 2)
+    assert r["final_accuracy"] == round((0.88 + 0.91 + 0.93 + 0.94 + 0.95) / 5, 4) and r["end_accuracy"] == 0.95
+    assert r["staleness"] == {"mean": 1.5, "p90": 3, "max": 7}
+    del res["report"]["staleness"]
+    assert summarize(res, 0.9)["staleness"] is None
+    res["name"] = "lbbsp"
+    assert summarize(res, 0.9)["staleness"] == {"mean": 0, "p90": 0, "max": 0}
+
+
+def test_eta_uses_the_same_cell_first():
+    eta = Eta()
+    eta.add(("torch", "static", "horovod"), 90.0)
+    eta.add(("torch", "static", "asp"), 40.0)
+    eta.add(("torch", "homogeneous", "asp"), 30.0)
+    left = eta.left([("torch", "static", "horovod"), ("torch", "static", "bsp"), ("torch", "H1", "asp")])
+    assert left == pytest.approx(90.0 + 65.0 + 160.0 / 3)
 
 
 def test_unknown_policy_is_a_one_line_error():
@@ -58,13 +183,18 @@ def test_unknown_policy_is_a_one_line_error():
                           env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
     assert proc.returncode == 2
     assert "--policies: unknown ['fastest']; accepted: horovod,bsp,asp" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "hvd_elastic.bench", "--task", "mnist1d", "--frontends", "keras"],
+                          cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "--frontends keras: only with --task digits" in proc.stdout
 
 
 def test_update_merges_rerun_jobs_in_place():
-    from hvd_elastic.bench.matrix import merge_runs
-    old = [{"frontend": "torch", "profile": "static", "name": p, "wall_s": 1.0} for p in ("horovod", "asp", "bsp")]
-    new = [{"frontend": "torch", "profile": "static", "name": "asp", "wall_s": 2.0},
-           {"frontend": "keras", "profile": "static", "name": "asp", "wall_s": 3.0}]
+    old = [{"frontend": "torch", "profile": "static", "name": p, "seed": s, "wall_s": 1.0}
+           for p in ("horovod", "asp", "bsp") for s in (0, 1)]
+    new = [{"frontend": "torch", "profile": "static", "name": "asp", "seed": 1, "wall_s": 2.0},
+           {"frontend": "keras", "profile": "static", "name": "asp", "seed": 0, "wall_s": 3.0}]
     merged = merge_runs(old, new)
-    assert [(r["frontend"], r["name"], r["wall_s"]) for r in merged] == [
-        ("torch", "horovod", 1.0), ("torch", "asp", 2.0), ("torch", "bsp", 1.0), ("keras", "asp", 3.0)]
+    assert [(r["frontend"], r["name"], r["seed"], r["wall_s"]) for r in merged] == [
+        ("torch", "horovod", 0, 1.0), ("torch", "horovod", 1, 1.0), ("torch", "asp", 0, 1.0),
+        ("torch", "asp", 1, 2.0), ("torch", "bsp", 0, 1.0), ("torch", "bsp", 1, 1.0), ("keras", "asp", 0, 3.0)]

@@ -61,14 +61,14 @@ def main():
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(args.seed)
     data = np.load(args.data)
     x_tr, y_tr, x_te, y_te = (data[k] for k in ("x_tr", "y_tr", "x_te", "y_te"))
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"),
                               keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])
     lbbsp = os.environ.get("HVD_ELASTIC_POLICY") == "lbbsp"
     B = args.batch_size * size
-    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(args.lr * size, momentum=0.5),
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(args.lr * size, momentum=args.momentum),
                                     **({"global_batch": B} if lbbsp else {}))
     model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     straggler = worker_straggler(args, rank, size)
@@ -88,13 +88,14 @@ def main():
     local_steps = args.global_steps // size
     if lbbsp:
         reps = -(-local_steps * B // len(x_tr))          # one pass over the repeated data: no epoch boundaries
-        data = hvdk.lbbsp_dataset(opt, (np.tile(x_tr, (reps, 1)), np.tile(y_tr, reps)), seed=0)
+        data = hvdk.lbbsp_dataset(opt, (np.tile(x_tr, (reps, 1)), np.tile(y_tr, reps)), seed=args.seed)
         sync = hvdk.SyncCallback()
         fit_args = dict(x=data.take(local_steps))
     else:
         # this rank's shard, repeated; a budget of global steps (fast ranks take more under the relaxed policies)
         xs, ys = x_tr[rank::size], y_tr[rank::size]
-        order = np.random.default_rng(1000 + rank).permutation(np.tile(np.arange(len(xs)), args.global_steps))
+        rng = np.random.default_rng(1000 * (args.seed + 1) + rank)
+        order = rng.permutation(np.tile(np.arange(len(xs)), args.global_steps))
         order = order[:args.global_steps * args.batch_size]
         sync = hvdk.SyncCallback(global_steps=args.global_steps)
         fit_args = dict(x=xs[order], y=ys[order], batch_size=args.batch_size, shuffle=False)

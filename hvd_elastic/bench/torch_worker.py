@@ -1,14 +1,19 @@
-"""One benchmark job (a rank of it): an MLP on scikit-learn's digits under one policy and one heterogeneity profile,
-launched by ``python -m hvd_elastic.bench`` with mpirun or horovodrun. Not a user API.
+"""One benchmark job (a rank of it): a model of the chosen task (--task digits: an MLP on scikit-learn's digits;
+--task mnist1d: a 1-D CNN on MNIST-1D) under one policy and one heterogeneity profile, launched by
+``python -m hvd_elastic.bench`` with mpirun or horovodrun. Not a user API.
 
 The policy comes from HVD_ELASTIC_POLICY (set by the driver), or ``--impl horovod`` for plain
 ``horovod.torch.DistributedOptimizer`` (the reference; timed here with the plugin's Telemetry, the same split as
-bsp). The profile's emulated slowness is injected here, the same way for every policy: after backward, a sleep of
-``step_delay + sample_delay x batch`` scaled by the jitter / non-dedicated factors (hvd_elastic.emulation).
+bsp). The optimizer is what a Horovod user writes: SGD(lr = per-rank lr x ranks, momentum). --seed sets the model's
+initialization and the batch order (the data set is fixed). The profile's emulated slowness is injected here, the
+same way for every policy: after backward, a sleep of ``step_delay + sample_delay x batch`` scaled by the jitter /
+non-dedicated factors (hvd_elastic.emulation).
 
-Rank 0 evaluates the test accuracy every --eval-every local steps (its own weights; under wbsp its local copy)
-and writes the JSON result: the accuracy curve (wall seconds, global steps, accuracy), the final accuracy after the
-final synchronization (identical weights on every rank) and the end-of-run report.
+Evaluation is kept out of the timed loop: every --eval-every local steps rank 0 only takes a snapshot (a copy of the
+flat trainable parameters, the wall time and the global step; under wbsp the published global model instead of its
+local copy), and evaluates the snapshots after training and finish(). It writes the JSON result: the accuracy curve
+(wall seconds, global steps, accuracy) from the initial model (0 s, step 0) to the final one after the final
+synchronization (identical weights on every rank), and the end-of-run report.
 """
 import json
 import os
@@ -24,6 +29,21 @@ from hvd_elastic.bench.matrix import worker_arguments, worker_straggler
 from hvd_elastic.telemetry import Telemetry, finish_report
 
 
+def build_model(task: str) -> torch.nn.Module:
+    if task == "mnist1d":
+        from hvd_elastic.bench.mnist1d_task import torch_model
+        return torch_model()
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                               torch.nn.ReLU(), torch.nn.Linear(256, 10))
+
+
+def slim_report(report):
+    """The report without the per-rank staleness traces (1000 clocks per rank: results.json would grow by MBs)."""
+    for r in report.get("ranks", []):
+        r.get("counters", {}).pop("staleness_trace", None)
+    return report
+
+
 def main():
     ap = worker_arguments(__doc__.splitlines()[0])
     ap.add_argument("--impl", choices=["hvd_elastic", "horovod"], default="hvd_elastic")
@@ -31,13 +51,13 @@ def main():
 
     hvd.init()
     torch.set_num_threads(1)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     rank, size = hvd.rank(), hvd.size()
     data = np.load(args.data)
     x_tr, y_tr, x_te, y_te = (torch.from_numpy(data[k]) for k in ("x_tr", "y_tr", "x_te", "y_te"))
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
-                                torch.nn.ReLU(), torch.nn.Linear(256, 10))
-    sgd = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=0.5)
+    model = build_model(args.task)
+    params = [p for p in model.parameters() if p.requires_grad]
+    sgd = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=args.momentum)
     straggler = worker_straggler(args, rank, size)
     if args.impl == "horovod":
         opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
@@ -51,7 +71,7 @@ def main():
     hvd.broadcast_optimizer_state(opt, root_rank=0)
 
     if policy == "lbbsp":
-        sampler = hvde.LbbspSampler(len(x_tr), opt, seed=0)
+        sampler = hvde.LbbspSampler(len(x_tr), opt, seed=args.seed)
 
         def batches():
             while True:
@@ -61,23 +81,34 @@ def main():
         shard = torch.arange(rank, len(x_tr), size)
 
         def batches():
-            g = torch.Generator().manual_seed(1000 + rank)
+            g = torch.Generator().manual_seed(1000 * (args.seed + 1) + rank)
             while True:
                 for chunk in shard[torch.randperm(len(shard), generator=g)].split(args.batch_size):
                     if len(chunk) == args.batch_size:
                         yield chunk
 
-    def accuracy():
-        with torch.no_grad():
-            return float((model(x_te).argmax(1) == y_te).float().mean())
-
     def global_steps(local):
         # in steps of --batch-size samples (an lbbsp step of B samples counts `size` of them)
         return local * size if policy == "horovod" else hvde.global_steps(opt)
 
-    # The curve starts at the initial accuracy (taken before the clock starts), so every run has a curve even when
-    # rank 0 evaluates rarely (e.g. a short run in which the others take most of the global steps).
-    curve, local = ([[0.0, 0, accuracy()]] if rank == 0 else []), 0
+    if policy == "wbsp":
+        # the global model W the ranks download (numpy, trainable parameters flattened in model.parameters()
+        # order); publish() replaces the array, the copy keeps this snapshot's values
+        engine = opt._hvd_elastic.engine
+
+        def weights():
+            return torch.from_numpy(np.array(engine.published, dtype=np.float32, copy=True))
+    else:
+        def weights():
+            return torch.cat([p.detach().reshape(-1) for p in params])
+
+    def accuracy():
+        with torch.no_grad():
+            return float((model(x_te).argmax(1) == y_te).float().mean())
+
+    # The curve starts at the initial model (taken before the clock starts), so every run has a curve even when
+    # rank 0 snapshots rarely (e.g. a short run in which the others take most of the global steps).
+    snaps, local = ([(0.0, 0, weights())] if rank == 0 else []), 0
     hvd.allreduce(torch.zeros(1), name="bench.start")      # start together
     t0 = last_end = time.perf_counter()
     # The report measures from here, as the reference does: set-up (broadcasts, first optimizer construction) is
@@ -103,18 +134,22 @@ def main():
             opt.step()
         local += 1
         if rank == 0 and local % args.eval_every == 0:
-            curve.append([time.perf_counter() - t0, global_steps(local), accuracy()])
+            snaps.append((time.perf_counter() - t0, global_steps(local), weights()))
     if telemetry is not None:
         report = finish_report(telemetry, hvd.allgather_object, {"policy": "horovod"}, print_on_rank0=False)
     else:
         report = hvde.finish(opt)
     wall = time.perf_counter() - t0
-    final = accuracy()
     if rank == 0:
+        final = accuracy()            # the weights after the final synchronization (every rank's)
+        curve = []
+        for t, steps, w in snaps:     # evaluated now, outside the timed loop
+            torch.nn.utils.vector_to_parameters(w, params)
+            curve.append([t, steps, accuracy()])
         curve.append([wall, args.global_steps, final])
         with open(args.out, "w") as f:
             json.dump({"policy": policy, "wall_s": wall, "final_accuracy": final, "curve": curve,
-                       "report": report, "local_steps": local}, f)
+                       "report": slim_report(report), "local_steps": local, "seed": args.seed}, f)
 
 
 if __name__ == "__main__":

@@ -161,10 +161,14 @@ KNOBS = (
          "a step. 0 (default): a rank computes on weights that hold its own last update (staleness ~1 instead of "
          "~n); auto: the fewest that hide the measured push-to-delivery time behind the step (1 to 4): faster "
          "steps, staler gradients (docs/design.md).", ("asp", "ssp", "dssp", "zipline")),
-    Knob("staleness_compensation", "none", _choice(("none", "inverse")), "none|inverse",
+    Knob("peer_wait", 0.25, _float(0.0), "number >= 0 (fraction of a step; 0: off)",
+         "Relaxed gradient policies: after its update is in, a rank waits at most this fraction of its step time "
+         "for peers (ranks about as fast as it is) that are behind, so equally fast ranks compute on the same "
+         "weights; slower ranks are never waited for.", ("asp", "ssp", "dssp", "zipline")),
+    Knob("staleness_compensation", "none", _choice(("none", "inverse", "damped")), "none|inverse|damped",
          "Relaxed gradient policies: scale each gradient by its predicted staleness before it is pushed; inverse: "
          "min(1, n / staleness) (Zhang et al. 2016, lr / staleness), none: unscaled.",
-         ("asp", "ssp", "dssp", "zipline")),
+         ("asp", "ssp", "dssp", "zipline", "wbsp")),
     Knob("emulate_delay", {}, _per_rank(0.0), "'*:SECONDS,RANK:SECONDS,...' with SECONDS >= 0",
          "Emulated straggler: extra sleep per step, for every rank (*) and/or named ranks."),
     Knob("emulate_slowdown", {}, _per_rank(1.0), "'*:FACTOR,RANK:FACTOR,...' with FACTOR >= 1",
@@ -204,6 +208,7 @@ class Config:
     wbsp_overlap: bool = False
     tick_ms: float = 1.0
     max_inflight: Any = 0
+    peer_wait: float = 0.25
     staleness_compensation: str = "none"
     emulate_delay: Mapping[Any, float] = dataclasses.field(default_factory=dict)
     emulate_slowdown: Mapping[Any, float] = dataclasses.field(default_factory=dict)

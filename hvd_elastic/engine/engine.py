@@ -39,7 +39,7 @@ class SyncEngine:
                  apply_gradient: Optional[Callable[[np.ndarray], None]] = None,
                  read_params: Optional[Callable[[], np.ndarray]] = None,
                  write_params: Optional[Callable[[np.ndarray], None]] = None,
-                 stall_timeout_s: float = 120.0):
+                 stall_timeout_s: float = 120.0, tick_name: str = "hvd_elastic.tick"):
         self.policy, self.rank, self.size = policy, rank, size
         self.telemetry = telemetry
         self.apply_gradient, self.read_params, self.write_params = apply_gradient, read_params, write_params
@@ -60,7 +60,7 @@ class SyncEngine:
             self.global_model = read_params().astype(dtype, copy=True)   # W, identical on every rank at start
             self.last_upload = self.global_model.copy()
             self.published = self.global_model.copy()                     # W as of the last downloadable tick
-        self.ticker = Ticker(numel, dtype, rank, size, allreduce_sum, tick_s=tick_s, epoch_ns=epoch_ns)
+        self.ticker = Ticker(numel, dtype, rank, size, allreduce_sum, tick_s=tick_s, epoch_ns=epoch_ns, name=tick_name)
         policy.attach(self)
 
     # ---- per step ----------------------------------------------------------------------------------------------
@@ -74,12 +74,11 @@ class SyncEngine:
             w = self.read_params()
             update = w - self.last_upload
             self.last_upload = w
-        else:
-            weight = compensation_weight(self.policy.compensation,
-                                         self.ticker.updates_before_next_push(self._applied_at_read), self.size)
-            self.staleness.add_weight(weight)
-            if weight != 1.0:
-                update *= weight
+        weight = compensation_weight(self.policy.compensation,
+                                     self.ticker.updates_before_next_push(self._applied_at_read), self.size)
+        self.staleness.add_weight(weight)
+        if weight != 1.0:
+            update *= weight
         self.ticker.push(update, int(compute_s * 1e9))
         self._unapplied.append((self.ticker.clock, self._applied_at_read))
         if self.policy.kind == "delta":

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Dict, Mapping
 
-COMPENSATIONS = ("none", "inverse")
+COMPENSATIONS = ("none", "inverse", "damped")
 
 
 def compensation_weight(mode: str, staleness: float, size: int) -> float:
@@ -35,6 +35,8 @@ def compensation_weight(mode: str, staleness: float, size: int) -> float:
     """
     if mode not in COMPENSATIONS:
         raise ValueError(f"unknown staleness compensation {mode!r}; accepted: {'|'.join(COMPENSATIONS)}")
+    if mode == "damped":
+        return size / float(size + max(staleness, 0))
     if mode == "none" or staleness <= size:
         return 1.0
     return size / float(staleness)

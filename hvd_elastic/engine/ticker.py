@@ -75,8 +75,11 @@ class Ticker:
 
     def __init__(self, numel: int, dtype, rank: int, size: int,
                  allreduce_sum: Callable[[List[np.ndarray], str], None],
-                 tick_s: float = 0.005, max_idle_s: float = 0.01, epoch_ns: int = 0):
+                 tick_s: float = 0.005, max_idle_s: float = 0.01, epoch_ns: int = 0,
+                 name: str = "hvd_elastic.tick"):
         self.numel, self.dtype, self.rank, self.size = numel, np.dtype(dtype), rank, size
+        # Horovod tensor name of the ticks: unique among the engines alive in this process, the same on every rank.
+        self.name = name
         self._allreduce_sum = allreduce_sum
         self.tick_s, self.max_idle_s, self.epoch_ns = tick_s, max(max_idle_s, tick_s), epoch_ns
         self._lock = threading.Condition()
@@ -117,6 +120,7 @@ class Ticker:
             self._pending_count += 1
             self._clock += 1
             self._push_times.append(time.perf_counter())
+            self._lock.notify_all()       # wakes the tick thread out of an idle back-off
             self._last_push_ns = self.now_ns()
             self._interval_ns = int(interval_ns)
             return self._clock
@@ -183,11 +187,15 @@ class Ticker:
             index = 0
             last = 0.0
             while True:
-                wait = last + idle_s - time.monotonic()
-                if wait > 0:
-                    with self._lock:   # a finish() wakes us early so shutdown is prompt
-                        if not self._finished:
-                            self._lock.wait(wait)
+                # Wait out the pacing interval; a push (or finish()) ends an idle back-off early, so an update does
+                # not sit out the back-off: the tick starts tick_s after the previous one at the soonest.
+                with self._lock:
+                    while not self._finished:
+                        now = time.monotonic()
+                        due = last + (self.tick_s if self._pending_count else idle_s)
+                        if now >= due:
+                            break
+                        self._lock.wait(due - now)
                 last = time.monotonic()
                 with self._lock:
                     self.in_flight = True
@@ -198,7 +206,7 @@ class Ticker:
                                        int(self._finished), index)
                     encode_meta(meta, send[self.numel:])
                 t0 = time.perf_counter()
-                self._allreduce_sum([send], "hvd_elastic.tick")
+                self._allreduce_sum([send], self.name)
                 dt = time.perf_counter() - t0
                 meta = decode_meta(send[self.numel:], self.size)
                 if not (meta[:, SEQ] == index).all():

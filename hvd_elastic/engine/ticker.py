@@ -120,7 +120,6 @@ class Ticker:
             self._pending_count += 1
             self._clock += 1
             self._push_times.append(time.perf_counter())
-            self._lock.notify_all()       # wakes the tick thread out of an idle back-off
             self._last_push_ns = self.now_ns()
             self._interval_ns = int(interval_ns)
             return self._clock
@@ -187,15 +186,11 @@ class Ticker:
             index = 0
             last = 0.0
             while True:
-                # Wait out the pacing interval; a push (or finish()) ends an idle back-off early, so an update does
-                # not sit out the back-off: the tick starts tick_s after the previous one at the soonest.
-                with self._lock:
-                    while not self._finished:
-                        now = time.monotonic()
-                        due = last + (self.tick_s if self._pending_count else idle_s)
-                        if now >= due:
-                            break
-                        self._lock.wait(due - now)
+                wait = last + idle_s - time.monotonic()
+                if wait > 0:
+                    with self._lock:   # a finish() wakes us early so shutdown is prompt
+                        if not self._finished:
+                            self._lock.wait(wait)
                 last = time.monotonic()
                 with self._lock:
                     self.in_flight = True

@@ -13,7 +13,6 @@ Example::
 """
 from __future__ import annotations
 
-import types
 from typing import List
 
 import horovod.torch as hvd
@@ -24,6 +23,7 @@ from ..lbbsp import BatchPlan, LbbspController
 def _lbbsp_step(self, closure=None):
     """step() under lbbsp: one synchronous weighted allreduce, the user's optimizer step, the next sizes."""
     session, flat, tensor = self._hvd_elastic, self._hvd_elastic_flat, self._hvd_elastic_tensor
+    self._hvd_elastic_begin_step()      # Horovod's synchronize()/step() warning
     loss = None
     if closure is not None:
         with torch.enable_grad():
@@ -38,13 +38,9 @@ def _lbbsp_step(self, closure=None):
     return loss
 
 
-def _no_synchronize(self):
-    """lbbsp synchronizes inside step(); there is nothing to synchronize separately."""
-
-
 def build_lbbsp(optimizer, session, *, compression, op, gradient_predivide_factor, sparse_as_dense, process_set,
                 backward_passes_per_step):
-    from .optimizer import _FlatParams, _skip_synchronize, refuse_unsupported_arguments
+    from .optimizer import _FlatParams, refuse_unsupported_arguments, wrap_class
     refuse_unsupported_arguments("lbbsp", compression=compression, op=op,
                                  gradient_predivide_factor=gradient_predivide_factor,
                                  sparse_as_dense=sparse_as_dense, process_set=process_set,
@@ -53,15 +49,11 @@ def build_lbbsp(optimizer, session, *, compression, op, gradient_predivide_facto
     ctl = session.lbbsp
     params = [p for g in optimizer.param_groups for p in g["params"]]
     flat = _FlatParams(params)
-    base = optimizer.__class__
     # Same reason as the relaxed policies: horovod.torch.broadcast_optimizer_state's dummy step must call the
-    # wrapped optimizer's own step, not ours (which would run a collective on one side only).
-    cls = type(base.__name__, (base,), {"step": _lbbsp_step, "synchronize": _no_synchronize,
-                                        "skip_synchronize": _skip_synchronize,
-                                        "__module__": hvd.DistributedOptimizer.__module__})
-    optimizer.__class__ = cls
+    # wrapped optimizer's own step, not ours (which would run a collective on one side only). synchronize() is
+    # Horovod's protocol with nothing to exchange: lbbsp synchronizes inside step().
+    wrap_class(optimizer, _lbbsp_step)
     optimizer._hvd_elastic_flat = flat
-    optimizer._hvd_elastic_inner_step = types.MethodType(base.step, optimizer)
     optimizer._hvd_elastic_tensor = torch.from_numpy(ctl.bind(flat.numel, flat.dtype))
     hvd.broadcast_parameters({f"p{i}": p for i, p in enumerate(flat.params)}, root_rank=0)
     return optimizer

@@ -5,26 +5,53 @@
 - relaxed policies (asp, ssp, dssp, zipline, wbsp): the user's optimizer becomes a subclass of its own class whose
   ``step()`` hands the local gradient (or, for wbsp, the model delta after a local step) to the sync engine
   (hvd_elastic.engine), and applies the ticks the engine delivers. Horovod's ops move the bytes.
+
+Horovod compatibility (docs/horovod-compat.md): Horovod's argument checks and warnings with Horovod's messages, the
+swap by assignment (``hvd.DistributedOptimizer = hvde.DistributedOptimizer``), several live optimizers per process,
+optimizer state that ``hvd.broadcast_optimizer_state`` and checkpoints can use mid-training, and a relaxed
+optimizer left unfinished at interpreter exit is finished there with a one-line warning naming ``finish()``.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
+import itertools
+import sys
 import time
 import types
-from typing import Any, Dict
+import warnings
+from typing import Any, Dict, List
 
 import horovod.torch as hvd
+import horovod.torch.functions as _hvd_functions
 import numpy as np
 import torch
+# Horovod's own optimizer, taken from its defining module: a user may swap hvd.DistributedOptimizer for ours by
+# assignment, and then hvd.DistributedOptimizer is this module's function (calling it from bsp would recurse).
+from horovod.torch.optimizer import DistributedOptimizer as _HOROVOD_DISTRIBUTED_OPTIMIZER
 
 from .. import config as _config
 from ..engine.engine import SyncEngine
 from ..engine.policies import POLICIES as RELAXED_POLICIES, make_policy
-from ..errors import ConfigError
+from ..errors import ConfigError, HvdElasticError
 from ..session import Session
 
 # Policies this frontend can run; the configuration recognises every policy of the design.
 IMPLEMENTED_POLICIES = ("bsp", "lbbsp") + tuple(RELAXED_POLICIES)
+# horovod.torch.broadcast_optimizer_state() calls the wrapped optimizer's own step (not ours) for classes of this
+# module; our optimizer classes declare it (see _build_relaxed).
+HOROVOD_OPTIMIZER_MODULE = _HOROVOD_DISTRIBUTED_OPTIMIZER.__module__
+
+# Horovod's messages, word for word (horovod/torch/optimizer.py, v0.28.1), for the checks it makes.
+_MSG_NOT_TUPLES = ("named_parameters should be a sequence of tuples (name, parameter), usually produced by "
+                   "model.named_parameters().")
+_MSG_DUPLICATES = "Parameter names in named_parameters must be unique. Found duplicates: %s"
+_MSG_UNNAMED = ("named_parameters was specified, but one or more model parameters were not named. Python object "
+                "ids: %s")
+_MSG_STEP_AFTER_SYNCHRONIZE = ("optimizer.step() called without optimizer.skip_synchronize() context after "
+                               "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
+                               "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in your "
+                               "code.")
 
 
 # ---- bsp ---------------------------------------------------------------------------------------------------------
@@ -53,6 +80,78 @@ def _instrument_bsp(opt, session: Session):
     opt.synchronize = types.MethodType(synchronize, opt)
     opt.step = types.MethodType(step, opt)
     return opt
+
+
+# ---- Horovod's argument checks -----------------------------------------------------------------------------------
+def parameter_names(optimizer, named_parameters) -> Dict[torch.Tensor, str]:
+    """Horovod's checks of ``named_parameters`` (same ValueErrors, same messages) and its parameter -> name map; names
+    default to Horovod's ``allreduce.noname.<group>.<index>`` (identical on every rank)."""
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)
+    else:
+        named_parameters = [(f"allreduce.noname.{i}.{j}", v) for i, group in enumerate(optimizer.param_groups)
+                            for j, v in enumerate(group["params"])]
+    if any(not isinstance(p, tuple) for p in named_parameters):
+        raise ValueError(_MSG_NOT_TUPLES)
+    seen, dups = set(), set()
+    for name, _ in named_parameters:
+        (dups if name in seen else seen).add(name)
+    if dups:
+        raise ValueError(_MSG_DUPLICATES % ", ".join(dups))
+    named_ids = {id(v) for _, v in named_parameters}
+    unnamed = [id(v) for group in optimizer.param_groups for v in group["params"] if id(v) not in named_ids]
+    if unnamed:
+        raise ValueError(_MSG_UNNAMED % ", ".join(str(i) for i in unnamed))
+    return {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
+
+
+def horovod_argument_checks(op, gradient_predivide_factor, backward_passes_per_step):
+    """The checks horovod.torch.DistributedOptimizer makes before building (same errors, same messages)."""
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+
+
+class SynchronizeProtocol:
+    """Horovod's synchronize() / skip_synchronize() protocol for optimizers whose exchange happens elsewhere
+    (relaxed policies: the engine; lbbsp: inside step()). synchronize() exchanges nothing: the gradients stay this
+    rank's own, so clipping between synchronize() and step() clips the local gradient before it is pushed. step()
+    after synchronize() without skip_synchronize() gives Horovod's warning."""
+
+    def synchronize(self):
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def set_backward_passes_per_step(self, passes):
+        self.backward_passes_per_step = passes
+
+    def _hvd_elastic_begin_step(self):
+        if getattr(self, "_should_synchronize", True) and getattr(self, "_synchronized", False):
+            warnings.warn(_MSG_STEP_AFTER_SYNCHRONIZE)
+        self._synchronized = False
+
+
+def wrap_class(optimizer, step, extra=None):
+    """Make `optimizer` (same object, same state) an instance of a subclass of its own class with our step(),
+    Horovod's synchronize protocol and Horovod's optimizer module (see HOROVOD_OPTIMIZER_MODULE)."""
+    base = optimizer.__class__
+    attrs = {"step": step, "__module__": HOROVOD_OPTIMIZER_MODULE}
+    for name in ("synchronize", "skip_synchronize", "set_backward_passes_per_step", "_hvd_elastic_begin_step"):
+        attrs[name] = SynchronizeProtocol.__dict__[name]
+    attrs.update(extra or {})
+    optimizer.__class__ = type(base.__name__, (base,), attrs)
+    optimizer._hvd_elastic_base = base
+    optimizer._hvd_elastic_inner_step = types.MethodType(base.step, optimizer)
+    optimizer._synchronized, optimizer._should_synchronize = False, True
+    return optimizer
 
 
 # ---- relaxed policies --------------------------------------------------------------------------------------------
@@ -103,35 +202,143 @@ def _allreduce_sum(arrays, name):
         hvd.synchronize(h)
 
 
+def _refuse_sparse_gradients(opt, policy):
+    for p in opt._hvd_elastic_flat.params:
+        if p.grad is not None and p.grad.is_sparse:
+            name = opt._parameter_names.get(p, "?")
+            raise ConfigError(f"policy {policy} cannot exchange the sparse gradient of parameter {name!r} (sparse "
+                              f"allreduce and sparse_as_dense are policy bsp only; policy wbsp takes sparse "
+                              f"gradients too): use policy bsp or wbsp, or dense gradients (e.g. "
+                              f"nn.Embedding(sparse=False))")
+
+
 def _relaxed_step(self, closure=None):
     """step() of a relaxed-policy optimizer: push this step's update to the engine, apply delivered ticks, and
     wait while the policy's gate is closed."""
     session = self._hvd_elastic
+    self._hvd_elastic_begin_step()
     loss = None
     if closure is not None:
         with torch.enable_grad():
             loss = closure()
+    engine = session.engine
+    if engine.finished:
+        raise HvdElasticError("optimizer.step() after finish(opt): this optimizer's training has ended; build a new "
+                              "hvd_elastic.torch.DistributedOptimizer for more training")
     compute = session.begin_step()
     flat = self._hvd_elastic_flat
-    if session.engine.policy.kind == "delta":
+    if engine.policy.kind == "delta":
         t0 = time.perf_counter()
         self._hvd_elastic_inner_step()        # a local step on this rank's own copy
         compute += time.perf_counter() - t0
-        session.engine.step(None, compute)
+        engine.step(None, compute)
     else:
-        session.engine.step(flat.gradients(), compute)
+        _refuse_sparse_gradients(self, session.cfg.policy)
+        engine.step(flat.gradients(), compute)
+        if engine.applied_contributions == 0:
+            # The optimizer state (momentum, Adam moments) is created by the first applied tick. Waiting for it once
+            # here (already so under HVD_ELASTIC_MAX_INFLIGHT=0) gives every rank the same state *structure* from its
+            # first step on, so collective helpers that walk the state (broadcasts) match across ranks.
+            engine._wait_until(lambda: engine.applied_contributions > 0, "first update")
     session.telemetry.add_step(compute)
     session.last_step_end = time.perf_counter()
     return loss
 
 
-def _no_synchronize(self):
-    """Relaxed policies exchange updates in the background; there is nothing to synchronize per step."""
+def _called_by_broadcast_optimizer_state():
+    """The frame of horovod.torch.broadcast_optimizer_state that (through at most a few wrappers) calls
+    state_dict(), or None."""
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return None
+        if frame.f_code is _hvd_functions.broadcast_optimizer_state.__code__:
+            return frame
+        frame = frame.f_back
+    return None
 
 
-@contextlib.contextmanager
-def _skip_synchronize(self):
-    yield
+def _relaxed_state_dict(self):
+    """state_dict(): this rank's replica, non-collective (a checkpoint written by rank 0 alone is fine). Called by
+    horovod.torch.broadcast_optimizer_state (a collective: every rank calls it), it first brings every rank to the
+    same applied tick, so that the state broadcast from the root is the state every rank holds and replicas stay
+    identical after it."""
+    frame = _called_by_broadcast_optimizer_state()
+    # broadcast_optimizer_state calls state_dict() a second time on the ranks whose state was empty (after its
+    # dummy step); only the first call, made by every rank, may be collective.
+    if frame is not None and "state_dict" not in frame.f_locals:
+        sync_replicas(self)
+    return self._hvd_elastic_base.state_dict(self)
+
+
+def sync_replicas(optimizer):
+    """Collective, finish-free: every rank applies exactly the same ticks (all ticks completed on any rank when it
+    is called), so under the gradient policies weights and optimizer state are identical on every rank when it
+    returns. Pushed updates not in those ticks stay pending and are applied later, on every rank alike. No-op for
+    wbsp (optimizer state is per rank by design), lbbsp and bsp (lock-step) and finished optimizers."""
+    session = getattr(optimizer, "_hvd_elastic", None)
+    engine = getattr(session, "engine", None)
+    if engine is None or engine.finished or engine.policy.kind != "gradient":
+        return
+    t0 = time.perf_counter()
+    ticker = engine.ticker
+    completed = ticker.ticks                    # ticks 0 .. completed-1 have completed on this rank
+    engine._backlog.extend(ticker.take())
+    everyone = hvd.allgather(torch.tensor([completed], dtype=torch.int64), name=f"{ticker.name}.sync")
+    target = int(everyone.max())                # a rank completed tick target-1: every rank's thread joined it
+
+    def taken():
+        return max(completed, engine._backlog[-1].index + 1 if engine._backlog else 0)
+
+    last_progress = time.monotonic()
+    while taken() < target:
+        got = ticker.take(block=True, timeout=1.0)
+        if got:
+            engine._backlog.extend(got)
+            last_progress = time.monotonic()
+        else:
+            engine._check_stall(last_progress, "replica sync")
+    while engine._backlog and engine._backlog[0].index < target:
+        engine._apply(engine._backlog.popleft())
+    engine._applied_at_read = engine.applied_contributions   # the replica the next step computes on
+    session.telemetry.wait_s += time.perf_counter() - t0
+
+
+_ENGINE_IDS = itertools.count()      # relaxed engines built in this process: the same sequence on every rank
+
+
+def _build_relaxed(optimizer, session: Session, names):
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    flat = _FlatParams(params)
+    # __module__ (wrap_class): horovod.torch.broadcast_optimizer_state() initialises an empty optimizer state with a
+    # dummy step(); for classes from Horovod's optimizer module it calls the wrapped optimizer's own step instead.
+    # Ours must be treated the same way: a dummy step through the engine would push an update on some ranks only.
+    wrap_class(optimizer, _relaxed_step, {"state_dict": _relaxed_state_dict})
+    optimizer._hvd_elastic_flat = flat
+
+    def apply_gradient(g):
+        flat.set_gradients(g)
+        optimizer._hvd_elastic_inner_step()
+
+    # Construction is collective and happens in the same order on every rank, so the n-th engine of each rank
+    # has the same id: its tick tensor name is unique in the process and identical across ranks.
+    _UNFINISHED[:] = [s for s in _UNFINISHED if s.report is None]
+    engine_id = next(_ENGINE_IDS)
+    everyone = hvd.allgather_object((time.time_ns(), engine_id), name="hvd_elastic.engine")
+    if len({e for _, e in everyone}) != 1:
+        raise ConfigError(f"ranks built different numbers of relaxed optimizers before this one (engine ids "
+                          f"{[e for _, e in everyone]}): build them in the same order on every rank")
+    epoch_ns = everyone[0][0]
+    policy = make_policy(session.cfg)
+    # Weights must be identical before the engine snapshots them (delta policies keep the global model).
+    hvd.broadcast_parameters({f"p{i}": p for i, p in enumerate(flat.params)}, root_rank=0)
+    session.engine = SyncEngine(policy, session.rank, session.size, flat.numel, flat.dtype, _allreduce_sum,
+                                session.telemetry, tick_s=session.cfg.tick_ms / 1000.0, epoch_ns=epoch_ns,
+                                apply_gradient=apply_gradient, read_params=flat.weights, write_params=flat.set_weights,
+                                tick_name=f"hvd_elastic.torch.tick.{engine_id}")
+    _UNFINISHED.append(session)
+    _install_exit_handlers()
+    return optimizer
 
 
 def refuse_unsupported_arguments(policy, *, compression, op, gradient_predivide_factor, sparse_as_dense,
@@ -154,39 +361,60 @@ def refuse_unsupported_arguments(policy, *, compression, op, gradient_predivide_
                           f"{', '.join(unsupported)}; use policy bsp or the defaults")
 
 
-def _build_relaxed(optimizer, session: Session, compression, op, gradient_predivide_factor, sparse_as_dense,
-                   process_set):
-    refuse_unsupported_arguments(session.cfg.policy, compression=compression, op=op,
-                                 gradient_predivide_factor=gradient_predivide_factor,
-                                 sparse_as_dense=sparse_as_dense, process_set=process_set)
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    flat = _FlatParams(params)
-    base = optimizer.__class__
-    # __module__: horovod.torch.broadcast_optimizer_state() initialises an empty optimizer state with a dummy
-    # step(); for classes from Horovod's optimizer module it calls the wrapped optimizer's own step instead. Ours
-    # must be treated the same way: a dummy step through the engine would push an update and, depending on when
-    # each rank applies ticks, leave ranks with differently shaped state (and the broadcast would hang).
-    cls = type(base.__name__, (base,), {"step": _relaxed_step, "synchronize": _no_synchronize,
-                                        "skip_synchronize": _skip_synchronize,
-                                        "__module__": hvd.DistributedOptimizer.__module__})
-    optimizer.__class__ = cls   # same object, same state; only step() changes
-    optimizer._hvd_elastic_flat = flat
-    optimizer._hvd_elastic_inner_step = types.MethodType(base.step, optimizer)
-
-    def apply_gradient(g):
-        flat.set_gradients(g)
-        optimizer._hvd_elastic_inner_step()
-
-    epoch_ns = hvd.broadcast_object(time.time_ns(), root_rank=0, name="hvd_elastic.epoch")
-    policy = make_policy(session.cfg)
-    # Weights must be identical before the engine snapshots them (delta policies keep the global model).
-    hvd.broadcast_parameters({f"p{i}": p for i, p in enumerate(flat.params)}, root_rank=0)
-    session.engine = SyncEngine(policy, session.rank, session.size, flat.numel, flat.dtype, _allreduce_sum,
-                                session.telemetry, tick_s=session.cfg.tick_ms / 1000.0, epoch_ns=epoch_ns,
-                                apply_gradient=apply_gradient, read_params=flat.weights, write_params=flat.set_weights)
-    return optimizer
+# ---- end of the process: relaxed optimizers the script never finished ----------------------------------------------
+_UNFINISHED: List[Session] = []
+_EXIT = {"installed": False, "uncaught": None}
 
 
+def _install_exit_handlers():
+    """Registered after hvd.init() (a relaxed optimizer exists), so atexit runs ours before Horovod's shutdown."""
+    if _EXIT["installed"]:
+        return
+    _EXIT["installed"] = True
+    previous = sys.excepthook
+
+    def excepthook(exc_type, exc, tb):
+        _EXIT["uncaught"] = exc_type.__name__
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = excepthook
+    atexit.register(_finish_at_exit)
+
+
+def _finish_at_exit():
+    live = [s for s in _UNFINISHED if s.report is None]
+    _UNFINISHED.clear()
+    if not live:
+        return
+    policy = live[0].cfg.policy
+    if _EXIT["uncaught"] is not None:
+        sys.stderr.write(f"hvd_elastic: error: policy {policy}: the script ended with {_EXIT['uncaught']} before "
+                         f"finish(opt); {len(live)} relaxed optimizer(s) left unfinished\n")
+        sys.stderr.flush()
+        return
+    if not hvd.is_initialized():
+        sys.stderr.write(f"hvd_elastic: error: policy {policy}: Horovod was shut down before finish(opt); call "
+                         f"hvd_elastic.torch.finish(opt) (or use `with hvd_elastic.torch.training(opt):`) before "
+                         f"hvd.shutdown()\n")
+        sys.stderr.flush()
+        return
+    sys.stderr.write(f"hvd_elastic: warning: policy {policy}: the script ended without hvd_elastic.torch.finish(opt) "
+                     f"(or `with hvd_elastic.torch.training(opt):`); finishing {len(live)} optimizer(s) at exit, so "
+                     f"weights saved before this point were not final\n")
+    sys.stderr.flush()
+    for session in live:     # in creation order, the same on every rank
+        session.engine.stall_timeout_s = min(session.engine.stall_timeout_s, 60.0)
+        try:
+            session.finish()
+        except Exception as e:   # one line, and a failed exit status
+            sys.stderr.write(f"hvd_elastic: error: policy {policy}: finishing at exit failed ({e}); call "
+                             f"hvd_elastic.torch.finish(opt) at the end of training\n")
+            sys.stderr.flush()
+            import os
+            os._exit(1)
+
+
+# ---- the drop-in -------------------------------------------------------------------------------------------------
 def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compression.none,
                          backward_passes_per_step=1, op=hvd.Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False, process_set=hvd.global_process_set,
@@ -195,8 +423,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
 
     Takes Horovod's arguments unchanged; any hvd-elastic knob may be passed as a keyword (``policy="ssp"``,
     ``staleness=3``, ...) and wins over its ``HVD_ELASTIC_*`` variable. Collective: call it on every rank.
-    Raises ConfigError (one line, on every rank) for bad settings or ranks that disagree. Under a relaxed policy
-    the parameters are broadcast from rank 0 here, and ``finish(opt)`` must end training.
+    Raises ConfigError (one line, on every rank) for bad settings or ranks that disagree, and Horovod's ValueErrors
+    (same messages) for bad ``named_parameters``. Under a relaxed policy the parameters are broadcast from rank 0
+    here, and ``finish(opt)`` must end training (else it is finished at interpreter exit, with a warning).
+    ``hvd.DistributedOptimizer = hvd_elastic.torch.DistributedOptimizer`` (the swap by assignment) works.
 
     Example::
 
@@ -206,19 +436,31 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     cfg = _config.load(policy_kwargs, hvd.allgather_object, hvd.rank(), IMPLEMENTED_POLICIES, "PyTorch")
     session = Session(cfg, hvd.rank(), hvd.size(), hvd.allgather_object)
     if cfg.policy == "bsp":
-        opt = hvd.DistributedOptimizer(optimizer, named_parameters=named_parameters, compression=compression,
-                                       backward_passes_per_step=backward_passes_per_step, op=op,
-                                       gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
-                                       groups=groups, sparse_as_dense=sparse_as_dense, process_set=process_set)
+        opt = _HOROVOD_DISTRIBUTED_OPTIMIZER(
+            optimizer, named_parameters=named_parameters, compression=compression,
+            backward_passes_per_step=backward_passes_per_step, op=op,
+            gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups, groups=groups,
+            sparse_as_dense=sparse_as_dense, process_set=process_set)
         opt = _instrument_bsp(opt, session)
-    elif cfg.policy == "lbbsp":
-        from .lbbsp import build_lbbsp
-        opt = build_lbbsp(optimizer, session, compression=compression, op=op,
-                          gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
-                          process_set=process_set, backward_passes_per_step=backward_passes_per_step)
     else:
-        opt = _build_relaxed(optimizer, session, compression, op, gradient_predivide_factor, sparse_as_dense,
-                             process_set)
+        horovod_argument_checks(op, gradient_predivide_factor, backward_passes_per_step)
+        names = parameter_names(optimizer, named_parameters)
+        if cfg.policy == "lbbsp":
+            from .lbbsp import build_lbbsp
+            opt = build_lbbsp(optimizer, session, compression=compression, op=op,
+                              gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
+                              process_set=process_set, backward_passes_per_step=backward_passes_per_step)
+        else:
+            refuse_unsupported_arguments(cfg.policy, compression=compression, op=op,
+                                         gradient_predivide_factor=gradient_predivide_factor,
+                                         sparse_as_dense=sparse_as_dense, process_set=process_set,
+                                         also=["groups (grouped allreduce)"] if groups or num_groups else [])
+            opt = _build_relaxed(optimizer, session, names)
+        # Horovod's public attributes, for code that reads them.
+        opt._parameter_names = names
+        opt.backward_passes_per_step = backward_passes_per_step
+        opt.op, opt.gradient_predivide_factor = op, gradient_predivide_factor
+        opt.sparse_as_dense, opt.process_set = sparse_as_dense, process_set
     opt._hvd_elastic = session
     opt.finish = session.finish
     return opt

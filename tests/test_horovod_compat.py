@@ -1,0 +1,40 @@
+"""Horovod compatibility (issue 13): the properties Horovod's own test_torch.py optimizer tests check, under bsp and
+every relaxed policy, with the swap by assignment ``hvd.DistributedOptimizer = hvde.DistributedOptimizer``.
+
+One 2-rank job per policy runs every check (tests/workers/compat_torch.py lists them): several live optimizers,
+broadcast_optimizer_state and a checkpoint resumed mid-training, a parameter without gradient on one rank, Horovod's
+named_parameters errors and default names, clipping between synchronize() and step() and Horovod's warning,
+backward_passes_per_step, sparse gradients, a refused argument, and a relaxed optimizer the script never finishes
+(finished at exit with one line naming finish(), exit status 0).
+"""
+import re
+
+import pytest
+
+from launch import launch
+
+POLICIES = ("bsp", "asp", "ssp", "dssp", "zipline", "wbsp")
+CHECKS = ("two_optimizers", "wbsp_second_optimizer_while_first_lives", "broadcast_state_and_checkpoint",
+          "force_allreduce", "named_parameters", "clipping_and_synchronize_warning", "backward_passes_per_step",
+          "sparse_gradients", "refused_arguments")
+BOUND_S = 120
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_horovod_optimizer_properties(policy):
+    # Gloo for one relaxed policy (slower ticks), MPI for the rest.
+    launcher = "horovodrun" if policy == "ssp" else "mpirun"
+    res = launch(launcher, 2, "tests/workers/compat_torch.py", env={"HVD_ELASTIC_POLICY": policy}, timeout=BOUND_S)
+    out = res.output
+    assert not res.timed_out, "hang:\n" + out[-4000:]
+    assert res.returncode == 0, out[-4000:]
+    for check in CHECKS:
+        assert res.lines_with(f"check {check}: ok"), (check, out[-4000:])
+    assert res.lines_with("end of script"), out[-3000:]
+    at_exit = [l for l in res.rank_lines() if "without hvd_elastic.torch.finish(opt)" in l]
+    if policy == "bsp":
+        assert not at_exit, at_exit
+    else:   # every rank says it once, in one line, and the exit is clean
+        assert len(at_exit) == 2 and all(f"policy {policy}" in l for l in at_exit), out[-3000:]
+    assert "Horovod has been shut down" not in out and "Traceback" not in out, out[-4000:]
+    assert not re.search(r"RecursionError|same name as another tensor", out), out[-3000:]

@@ -94,6 +94,7 @@ def test_quick_mnist1d_benchmark_curves_from_snapshots(tmp_path):
         assert all(0.0 <= p[2] <= 1.0 for p in curve)
         assert r["final_accuracy"] == round(final_accuracy(curve), 4)
         assert r["time_to_target_s"] is None or r["time_to_target_steps"] <= 320
+        assert run["finite_weights"] is True and r["diverged"] is False
     # 320 gradients of a 1-D CNN: above chance, far from trained
     assert runs[0]["final_accuracy"] > max(0.15, runs[0]["curve"][0][2]), runs[0]["curve"]
     assert rows[0]["staleness"] == {"mean": 0, "p90": 0, "max": 0}      # plain Horovod: 0 by construction

@@ -221,6 +221,7 @@ def summarize(res: Dict, target: float) -> Dict:
             "time_to_target_steps": None if reached is None else reached[1],
             "final_accuracy": round(final_accuracy(res["curve"]), 4),
             "end_accuracy": round(res["final_accuracy"], 4),
+            "diverged": res.get("finite_weights") is False,          # NaN / inf in the final weights
             "staleness": staleness_of(res),
             "fast_compute_share": round(min(r["compute_share"] for r in fast), 3),
             "fast_wait_share": round(max(r["wait_share"] for r in fast), 3),
@@ -270,7 +271,7 @@ def aggregate(rows: List[Dict]) -> List[Dict]:
              "compute_share": [statistics.median(v) for v in zip(*[r["compute_share"] for r in rs])],
              "wait_share": [statistics.median(v) for v in zip(*[r["wait_share"] for r in rs])],
              "comm_share": [statistics.median(v) for v in zip(*[r["comm_share"] for r in rs])],
-             "median_seed": median_run(rs)["seed"]}
+             "median_seed": median_run(rs)["seed"], "diverged": sum(bool(r.get("diverged")) for r in rs)}
         out.append(c)
     for c in out:
         ref = next((r for r in out if (r["frontend"], r["profile"], r["policy"]) ==
@@ -381,7 +382,8 @@ def plot(results: List[Dict], rows: List[Dict], cells: List[Dict], outdir: str, 
                     ax.plot(hit[0], target, marker="o", color=line.get_color(), ms=5)
             ax.axhline(target, color="grey", ls=":", lw=1)
             ax.set(xlabel="wall time (s)", title=title)
-            ax.legend(fontsize=7, loc="lower right")
+            if group:
+                ax.legend(fontsize=7, loc="lower right")
         axes[0].set_ylim(max(0.0, low), 1.0)
         axes[0].set_ylabel("test accuracy")
         fig.suptitle(f"{fe}, {prof}: {PROFILES[prof][0]} -- median-seed run per policy, moving average of "
@@ -393,7 +395,7 @@ def plot(results: List[Dict], rows: List[Dict], cells: List[Dict], outdir: str, 
         files.append(name)
 
         # 3. each rank's compute / wait / comm share (medians over the seeds)
-        fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(sel) * 1.2), 4))
+        fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(sel) * 1.2) + 1, 4))
         x, labels = 0, []
         for r in sel:
             for k in range(len(r["compute_share"])):
@@ -411,7 +413,8 @@ def plot(results: List[Dict], rows: List[Dict], cells: List[Dict], outdir: str, 
                title=f"{fe}, {prof}: compute / wait / comm / other (median over seeds)")
         ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in ("tab:green", "tab:red", "tab:blue",
                                                                         "lightgrey")],
-                  labels=["compute", "wait", "comm", "other"], fontsize=7, loc="lower right")
+                  labels=["compute", "wait", "comm", "other"], fontsize=7, loc="upper left",
+                  bbox_to_anchor=(1.01, 1))
         fig.tight_layout()
         name = f"{fe}-{prof}-shares.png"
         fig.savefig(os.path.join(outdir, name), dpi=90)
@@ -464,16 +467,17 @@ def markdown(cells: List[Dict], target: float, opts, images: List[str], img_pref
            f"{opts.global_steps} global steps (gradients of {opts.batch} samples) per job, SGD lr {opts.lr:g} x 4 "
            f"ranks = {4 * opts.lr:g}, momentum {opts.momentum:g}. Emulated speed: {opts.sample_ms:g} ms per sample "
            f"x the rank's factor ({opts.sample_ms * opts.batch:g} ms a step at speed 1; sleep; the H profiles' "
-           f"extra per step scales with it). Each cell ran {seeds} time{'s' if seeds > 1 else ''} (seeds "
-           f"0-{seeds - 1}: model initialization and batch order; the data is fixed): medians, with the min-max "
-           f"over the seeds in parentheses.", "",
+           f"extra per step scales with it). Each cell ran {seeds} time{'s' if seeds > 1 else ''} "
+           f"({'seeds 0-' + str(seeds - 1) if seeds > 1 else 'seed 0'}: model initialization and batch order; the "
+           f"data is fixed): medians, with the min-max over the seeds in parentheses.", "",
            f"Time to {target:g}: wall seconds until the test accuracy of rank 0's model (under wbsp the published "
            f"global model) *stays* at or above {target:g}: the first evaluation from which every later one, the "
            f"final one after the final synchronization included, is too (snapshots every {opts.eval_every} local "
            f"steps of rank 0, evaluated after training). 'not reached' when the median run never got there; the "
            f"reached column counts the runs that did. Gradients to {target:g}: global steps at that point (statistical "
            f"efficiency, apart from throughput). Speed-up: plain Horovod's median time to {target:g} / the policy's "
-           f"(range: over the policy's runs). Final accuracy: mean of the last {FINAL_EVALS} evaluations. "
+           f"(range: over the policy's runs). Final accuracy: mean of the last {FINAL_EVALS} evaluations "
+           f"('diverged': non-finite final weights). "
            f"Staleness: gradients applied between the weights a gradient was computed on and its application "
            f"(mean / p90 / max over all ranks' updates, median over the seeds; 0 for the synchronous policies by "
            f"construction, '-' where the report does not have it). Shares: of each rank's wall time; fast ranks "
@@ -489,9 +493,11 @@ def markdown(cells: List[Dict], target: float, opts, images: List[str], img_pref
                      "|---|---|---|---|---|---|---|---|---|---|"]
             for c in sel:
                 t = c["time_to_target_s"]
-                out.append(f"| {c['policy']} | {t['n'] - t['missing']}/{t['n']} | {_ms(t)} | "
+                div = f" ({c['diverged']} diverged)" if c.get("diverged") else ""
+                out.append(f"| {c['policy']} | {t['n'] - t['missing']}/{t['n']}{div} | {_ms(t)} | "
                            f"{_ms(c['speedup'], '.2f', 'x')} | {_ms(c['time_to_target_steps'], '.0f')} | "
-                           f"{_ms(c['final_accuracy'], '.4f')} | {_ms(c['wall_s'])} | {_fmt(c['wall_speedup'])}x | "
+                           f"{_ms(c['final_accuracy'], '.4f')} | {_ms(c['wall_s'])} | "
+                           f"{_fmt(c['wall_speedup'])}{'x' if c['wall_speedup'] else ''} | "
                            f"{_staleness(c)} | {100 * c['fast_compute_share']:.0f}% / "
                            f"{100 * c['fast_wait_share']:.0f}% |")
             out.append("")
@@ -591,7 +597,8 @@ def parse_args(argv=None):
                     f"{TASKS['mnist1d']['budget']}, digits {TASKS['digits']['budget']})")
     ap.add_argument("--sample-ms", type=float,
                     help="emulated milliseconds per sample at speed 1 (the profiles' per-step extras scale with it; "
-                         f"default: mnist1d {TASKS['mnist1d']['sample_ms']:g}, digits {TASKS['digits']['sample_ms']:g})")
+                         f"default: mnist1d {TASKS['mnist1d']['sample_ms']:g}, digits "
+                         f"{TASKS['digits']['sample_ms']:g})")
     ap.add_argument("--target", type=float, help="test accuracy for time to accuracy (default: mnist1d "
                     f"{TASKS['mnist1d']['target']:g}, digits {TASKS['digits']['target']:g})")
     ap.add_argument("--lr", type=float, default=0.05, help="per-rank learning rate; SGD gets lr x ranks")
@@ -695,7 +702,9 @@ def main(argv=None):
             left = eta.left([j[:3] for j in jobs[i:]])
             print(f" {row['wall_s']:6.2f} s, to {opts.target:g}: {_fmt(row['time_to_target_s'])} s "
                   f"({_fmt(row['time_to_target_steps'], 'd')} gradients), final acc {row['final_accuracy']:.3f}, "
-                  f"fast compute {100 * row['fast_compute_share']:.0f}% (job {res['job_s']:.0f} s, "
+                  f"fast compute {100 * row['fast_compute_share']:.0f}%, staleness mean "
+                  f"{_fmt((row['staleness'] or {}).get('mean'), '.1f')}"
+                  f"{', DIVERGED (non-finite weights)' if row['diverged'] else ''} (job {res['job_s']:.0f} s, "
                   f"{time.perf_counter() - t_start:.0f} s so far, {len(jobs) - i} jobs left: "
                   f"~{left or 0:.0f} s)", flush=True)
     if opts.update and os.path.exists(os.path.join(outdir, "results.json")):

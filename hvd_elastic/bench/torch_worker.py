@@ -142,6 +142,7 @@ def main():
     wall = time.perf_counter() - t0
     if rank == 0:
         final = accuracy()            # the weights after the final synchronization (every rank's)
+        finite = bool(torch.isfinite(torch.cat([p.detach().reshape(-1) for p in params])).all())
         curve = []
         for t, steps, w in snaps:     # evaluated now, outside the timed loop
             torch.nn.utils.vector_to_parameters(w, params)
@@ -149,7 +150,8 @@ def main():
         curve.append([wall, args.global_steps, final])
         with open(args.out, "w") as f:
             json.dump({"policy": policy, "wall_s": wall, "final_accuracy": final, "curve": curve,
-                       "report": slim_report(report), "local_steps": local, "seed": args.seed}, f)
+                       "report": slim_report(report), "local_steps": local, "seed": args.seed,
+                       "finite_weights": finite}, f)
 
 
 if __name__ == "__main__":

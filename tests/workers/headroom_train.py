@@ -1,0 +1,61 @@
+"""Worker: the benchmark's MNIST-1D task (1-D CNN, SGD at a Horovod user's lr 0.0375 x ranks, momentum 0.5) under the policy in
+HVD_ELASTIC_POLICY until a global budget of gradients, with rank 3 three times slower (sleep per sample). Writes per
+rank: the test accuracy after finish(), a hash of the final weights and the end-of-run report (staleness included)."""
+import argparse
+import hashlib
+import json
+import os
+import time
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import hvd_elastic.torch as hvde
+from hvd_elastic.bench.mnist1d_task import torch_model
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_dir")
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--budget", type=int, default=2000)
+    ap.add_argument("--sample-ms", type=float, default=0.3)
+    args = ap.parse_args()
+    hvd.init()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    rank, size = hvd.rank(), hvd.size()
+    d = np.load(args.data)
+    x_tr, y_tr, x_te, y_te = (torch.from_numpy(d[k]) for k in ("x_tr", "y_tr", "x_te", "y_te"))
+    model = torch_model()
+    opt = hvde.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0375 * size, momentum=0.5),
+                                    named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    delay = args.sample_ms / 1000 * (3 if rank == size - 1 else 1)
+    shard = torch.arange(rank, len(x_tr), size)
+    g = torch.Generator().manual_seed(1000 + rank)
+    steps = 0
+    while hvde.global_steps(opt) < args.budget:
+        for idx in shard[torch.randperm(len(shard), generator=g)].split(32):
+            if len(idx) < 32 or hvde.global_steps(opt) >= args.budget:
+                break
+            opt.zero_grad()
+            F.cross_entropy(model(x_tr[idx]), y_tr[idx]).backward()
+            time.sleep(delay * len(idx))
+            opt.step()
+            steps += 1
+    report = hvde.finish(opt)
+    w = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
+    with torch.no_grad():
+        acc = float((model(x_te).argmax(1) == y_te).float().mean())
+    for r in report["ranks"]:
+        r["counters"].pop("staleness_trace", None)
+    with open(os.path.join(args.out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "accuracy": acc, "weights_sha256": hashlib.sha256(w.tobytes()).hexdigest(),
+                   "local_steps": steps, "report": report}, f)
+
+
+if __name__ == "__main__":
+    main()

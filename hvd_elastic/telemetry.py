@@ -85,7 +85,8 @@ def build_report(snapshots: List[Dict[str, Any]], policy: str, config: Dict[str,
     if merged:
         # Every rank's updates together: gradients (or deltas) applied between the weights an update was computed
         # on and its application (hvd_elastic/engine/staleness.py). Not the clock gap.
-        report["staleness"] = {**summarize(merged), "histogram": dict(sorted(merged.items(), key=lambda kv: int(kv[0])))}
+        histogram = dict(sorted(merged.items(), key=lambda kv: int(kv[0])))
+        report["staleness"] = {**summarize(merged), "histogram": histogram}
     return report
 
 
@@ -100,8 +101,9 @@ def format_report(report: Dict[str, Any]) -> str:
                      f" {100 * r['wait_share']:>6.1f} {100 * r['comm_share']:>6.1f}")
     st = report.get("staleness")
     if st:
-        lines.append(f"staleness (updates applied between the weights an update was computed on and its application, "
-                     f"all ranks): mean {st['mean']:.2f}, p90 {st['p90']}, max {st['max']} over {st['updates']} updates")
+        lines.append(f"staleness (updates applied between the weights an update was computed on and its "
+                     f"application, all ranks): mean {st['mean']:.2f}, p90 {st['p90']}, max {st['max']} over "
+                     f"{st['updates']} updates")
     for r in report["ranks"]:
         if r["counters"]:
             lines.append(f"rank {r['rank']}: " + ", ".join(f"{k}={v}" for k, v in sorted(r["counters"].items())

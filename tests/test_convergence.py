@@ -1,5 +1,6 @@
 """Relaxed policies converge on a task with headroom (issue: time to accuracy): MNIST-1D, a 1-D CNN at a Horovod
-user's SGD settings (lr 0.0375 x ranks, momentum 0.5: the largest that plain Horovod trains reliably across seeds), 4 ranks with rank 3 three times slower, a budget of 2000
+user's SGD settings (lr 0.0375 x ranks, momentum 0.5: the largest that plain Horovod trains reliably across
+seeds), 4 ranks with rank 3 three times slower, a budget of 2000
 gradients. With the old defaults (each rank two own updates in flight, no peer alignment) gradients were about n
 updates stale and this configuration diverged (asp final accuracy 0.64, zipline 0.29-0.44 on the full task). Each
 policy must now keep the measured staleness bounded (p90 at most n = 4 updates, one synchronous step's worth;

@@ -635,7 +635,7 @@ def parse_args(argv=None):
         if bad:
             ap.error(f"{name}: unknown {bad}; accepted: {','.join(known)}")
     if opts.task != "digits" and "keras" in opts.frontends.split(","):
-        ap.error(f"--frontends keras: only with --task digits (the Keras worker has the digits MLP only)")
+        ap.error("--frontends keras: only with --task digits (the Keras worker has the digits MLP only)")
     if opts.seeds < 1 or opts.global_steps < 1 or opts.eval_every < 1:
         ap.error("--seeds, --global-steps and --eval-every must be >= 1")
     return opts

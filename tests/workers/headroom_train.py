@@ -1,6 +1,7 @@
-"""Worker: the benchmark's MNIST-1D task (1-D CNN, SGD at a Horovod user's lr 0.0375 x ranks, momentum 0.5) under the policy in
-HVD_ELASTIC_POLICY until a global budget of gradients, with rank 3 three times slower (sleep per sample). Writes per
-rank: the test accuracy after finish(), a hash of the final weights and the end-of-run report (staleness included)."""
+"""Worker: the benchmark's MNIST-1D task (1-D CNN, SGD at a Horovod user's lr 0.0375 x ranks, momentum 0.5) under
+the policy in HVD_ELASTIC_POLICY until a global budget of gradients, with rank 3 three times slower (sleep per
+sample). Writes per rank: the test accuracy after finish(), a hash of the final weights and the end-of-run report
+(staleness included)."""
 import argparse
 import hashlib
 import json

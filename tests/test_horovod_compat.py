@@ -38,3 +38,9 @@ def test_horovod_optimizer_properties(policy):
         assert len(at_exit) == 2 and all(f"policy {policy}" in l for l in at_exit), out[-3000:]
     assert "Horovod has been shut down" not in out and "Traceback" not in out, out[-4000:]
     assert not re.search(r"RecursionError|same name as another tensor", out), out[-3000:]
+
+
+def test_keras_accepts_horovod_arguments_under_bsp_and_refuses_them_elsewhere():
+    res = launch("mpirun", 2, "tests/workers/compat_keras.py", timeout=BOUND_S)
+    assert not res.timed_out and res.returncode == 0, res.output[-4000:]
+    assert res.lines_with("compat keras: ok"), res.output[-3000:]

@@ -35,12 +35,25 @@ from ..tensorflow._core import broadcast_variables, state_of, wrap_optimizer
 LOCKSTEP_POLICIES = ("bsp", "lbbsp")   # every rank takes every step together: epoch-end collectives are safe
 
 
-def DistributedOptimizer(optimizer, **policy_kwargs):
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=hvd.Compression.none,
+                         sparse_as_dense=False, gradient_predivide_factor=1.0, op=hvd.Average,
+                         backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=hvd.global_process_set, scale_local_gradients=True, **policy_kwargs):
     """Wrap a Keras 3 optimizer instance for ``model.compile`` (same object, same state). Under bsp its ``apply``
     averages the gradients exactly with one grouped allreduce inside the compiled train step; under the relaxed
     policies :class:`SyncCallback` hands each step's gradient (wbsp: model delta) to the sync engine. Knobs may be
-    keywords (``policy="zipline"``, ``lookahead=6``, ...), which win over ``HVD_ELASTIC_*``. Collective."""
-    return wrap_optimizer(optimizer, policy_kwargs, "Keras")
+    keywords (``policy="zipline"``, ``lookahead=6``, ...), which win over ``HVD_ELASTIC_*``. Collective.
+
+    Horovod's keyword arguments (horovod.tensorflow.keras.DistributedOptimizer) are accepted: under bsp with
+    Horovod's meaning (compression, op Average/Sum, gradient_predivide_factor, devices; see
+    hvd_elastic.tensorflow._core.check_horovod_arguments), under the other policies at their defaults only (else one
+    line names the argument and policy bsp); docs/horovod-compat.md."""
+    horovod_args = dict(name=name, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
+                        sparse_as_dense=sparse_as_dense, gradient_predivide_factor=gradient_predivide_factor, op=op,
+                        backward_passes_per_step=backward_passes_per_step,
+                        average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
+                        groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
+    return wrap_optimizer(optimizer, policy_kwargs, "Keras", horovod_args=horovod_args)
 
 
 def scale_lr(lr: float) -> float:

@@ -243,16 +243,67 @@ class ElasticState:
         return int(view.clocks.sum() - view.clocks[s.rank] + own)
 
 
+# Horovod's Keras DistributedOptimizer keyword arguments (horovod.tensorflow.keras, v0.28.1) and their defaults.
+HOROVOD_KERAS_ARGUMENTS = {"name": None, "device_dense": "", "device_sparse": "", "compression": hvd.Compression.none,
+                           "sparse_as_dense": False, "gradient_predivide_factor": 1.0, "op": hvd.Average,
+                           "backward_passes_per_step": 1, "average_aggregated_gradients": False, "num_groups": 0,
+                           "groups": None, "process_set": hvd.global_process_set, "scale_local_gradients": True}
+
+
+def _is_default(name, value) -> bool:
+    default = HOROVOD_KERAS_ARGUMENTS[name]
+    if name in ("compression", "process_set"):
+        return value is default
+    return value == default
+
+
+def check_horovod_arguments(policy: str, args: Dict[str, Any]) -> Dict[str, Any]:
+    """Horovod's Keras DistributedOptimizer arguments under `policy`, with Horovod's meaning under bsp (the gradient
+    exchange is Horovod's grouped allreduce, given compression, op, the predivide factor and devices); elsewhere
+    only the defaults (a one-line ConfigError names the others and policy bsp). ``name`` (op names only),
+    ``groups`` / ``num_groups`` (one group anyway: bsp's grouped allreduce, the relaxed policies' tick), ``sparse_as_dense`` (bsp always
+    densifies: the same values as Horovod's sparse allgather) and ``scale_local_gradients`` (no local variables
+    here) change nothing."""
+    args = {**HOROVOD_KERAS_ARGUMENTS, **args}
+    if policy == "bsp":
+        if args["gradient_predivide_factor"] != 1.0 and args["op"] != hvd.Average:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")   # Horovod's message
+        refused = []
+        if args["op"] not in (hvd.Average, hvd.Sum):
+            refused.append("op (Average or Sum)")
+        if args["backward_passes_per_step"] != 1 or args["average_aggregated_gradients"]:
+            refused.append("backward_passes_per_step / average_aggregated_gradients (use the Keras optimizer's own "
+                           "gradient_accumulation_steps)")
+        if args["process_set"] is not hvd.global_process_set:
+            refused.append("process_set (only the global set)")
+        if refused:
+            raise ConfigError(f"policy bsp of hvd_elastic.keras does not support these DistributedOptimizer "
+                              f"arguments: {', '.join(refused)}")
+        return args
+    refused = [k for k in HOROVOD_KERAS_ARGUMENTS if k not in ("name", "scale_local_gradients", "groups", "num_groups")
+               and not _is_default(k, args[k])]
+    if refused:
+        raise ConfigError(f"policy {policy} does not support these DistributedOptimizer arguments: "
+                          f"{', '.join(refused)}; use policy bsp or the defaults")
+    return args
+
+
 def _bsp_average(state: ElasticState, grads):
-    """Exact gradient averaging (one grouped Average allreduce); records the time blocked in it."""
+    """Exact gradient averaging (one grouped Average allreduce, or Horovod's arguments given to the Keras
+    DistributedOptimizer: compression, op, predivide factor); records the time blocked in it."""
     idx = [i for i, g in enumerate(grads) if g is not None]
     dense = [tf.convert_to_tensor(grads[i]) for i in idx]
     if not dense:
         return grads
+    a = getattr(state, "horovod_args", HOROVOD_KERAS_ARGUMENTS)
+    f = float(a["gradient_predivide_factor"])
     with tf.control_dependencies(dense):
         t0 = tf.timestamp()
     with tf.control_dependencies([t0]):
-        reduced = hvd.grouped_allreduce(dense, op=hvd.Average, name="hvd_elastic.bsp")
+        reduced = hvd.grouped_allreduce(dense, op=a["op"], compression=a["compression"],
+                                        prescale_factor=1.0 / f, postscale_factor=f,
+                                        device_dense=a["device_dense"], device_sparse=a["device_sparse"],
+                                        name="hvd_elastic.bsp")
     with tf.control_dependencies(reduced):
         t1 = tf.timestamp()
     state.blocked.assign(t1 - t0)
@@ -299,20 +350,24 @@ def _elastic_apply(self, grads, trainable_variables=None):
     return None
 
 
-def wrap_optimizer(optimizer, policy_kwargs: Dict[str, Any], frontend: str):
-    """Make `optimizer` (a Keras 3 optimizer instance) run under the configured policy; same object returned."""
+def wrap_optimizer(optimizer, policy_kwargs: Dict[str, Any], frontend: str,
+                   horovod_args: Optional[Dict[str, Any]] = None):
+    """Make `optimizer` (a Keras 3 optimizer instance) run under the configured policy; same object returned.
+    `horovod_args`: Horovod's DistributedOptimizer keyword arguments (check_horovod_arguments)."""
     import keras
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer takes a Keras 3 optimizer instance, got {type(optimizer).__name__}")
     if getattr(optimizer, "_hvd_elastic", None) is not None:
         raise TypeError("this optimizer is already wrapped by hvd_elastic")
     cfg = load_config(policy_kwargs, frontend)
+    horovod_args = check_horovod_arguments(cfg.policy, horovod_args or {})
     if cfg.policy != "bsp" and getattr(optimizer, "gradient_accumulation_steps", None):
         raise ConfigError(f"policy {cfg.policy} does not support gradient_accumulation_steps; use policy bsp")
     base = optimizer.__class__
     cls = type(base.__name__, (base,), {"apply": _elastic_apply, "__module__": base.__module__})
     optimizer.__class__ = cls
     state = ElasticState(optimizer, base, cfg, policy_kwargs, frontend)
+    state.horovod_args = horovod_args
     object.__setattr__(optimizer, "_hvd_elastic", state)
     return optimizer
 

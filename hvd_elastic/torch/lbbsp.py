@@ -20,6 +20,11 @@ import torch
 
 from ..lbbsp import BatchPlan, LbbspController
 
+def _refuse_sparse_gradients(opt, policy):
+    from .optimizer import _refuse_sparse_gradients as refuse
+    refuse(opt, policy)
+
+
 def _lbbsp_step(self, closure=None):
     """step() under lbbsp: one synchronous weighted allreduce, the user's optimizer step, the next sizes."""
     session, flat, tensor = self._hvd_elastic, self._hvd_elastic_flat, self._hvd_elastic_tensor
@@ -33,6 +38,7 @@ def _lbbsp_step(self, closure=None):
         flat.set_gradients(grad)
         self._hvd_elastic_inner_step()
 
+    _refuse_sparse_gradients(self, "lbbsp")
     session.lbbsp.step(session, flat.gradients(),
                        lambda: hvd.allreduce_(tensor, op=hvd.Sum, name="hvd_elastic.lbbsp"), apply)
     return loss

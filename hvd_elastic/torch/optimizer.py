@@ -363,22 +363,14 @@ def refuse_unsupported_arguments(policy, *, compression, op, gradient_predivide_
 
 # ---- end of the process: relaxed optimizers the script never finished ----------------------------------------------
 _UNFINISHED: List[Session] = []
-_EXIT = {"installed": False, "uncaught": None}
+_EXIT = {"installed": False}
 
 
 def _install_exit_handlers():
     """Registered after hvd.init() (a relaxed optimizer exists), so atexit runs ours before Horovod's shutdown."""
-    if _EXIT["installed"]:
-        return
-    _EXIT["installed"] = True
-    previous = sys.excepthook
-
-    def excepthook(exc_type, exc, tb):
-        _EXIT["uncaught"] = exc_type.__name__
-        previous(exc_type, exc, tb)
-
-    sys.excepthook = excepthook
-    atexit.register(_finish_at_exit)
+    if not _EXIT["installed"]:
+        _EXIT["installed"] = True
+        atexit.register(_finish_at_exit)
 
 
 def _finish_at_exit():
@@ -387,9 +379,12 @@ def _finish_at_exit():
     if not live:
         return
     policy = live[0].cfg.policy
-    if _EXIT["uncaught"] is not None:
-        sys.stderr.write(f"hvd_elastic: error: policy {policy}: the script ended with {_EXIT['uncaught']} before "
-                         f"finish(opt); {len(live)} relaxed optimizer(s) left unfinished\n")
+    # An uncaught exception ended the script (Python sets sys.last_value before the exit handlers run): the other
+    # ranks may be anywhere, so a collective finish could hang; the job fails anyway.
+    uncaught = getattr(sys, "last_value", None)
+    if uncaught is not None:
+        sys.stderr.write(f"hvd_elastic: error: policy {policy}: the script ended with {type(uncaught).__name__} "
+                         f"before finish(opt); {len(live)} relaxed optimizer(s) left unfinished\n")
         sys.stderr.flush()
         return
     if not hvd.is_initialized():
@@ -453,8 +448,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
         else:
             refuse_unsupported_arguments(cfg.policy, compression=compression, op=op,
                                          gradient_predivide_factor=gradient_predivide_factor,
-                                         sparse_as_dense=sparse_as_dense, process_set=process_set,
-                                         also=["groups (grouped allreduce)"] if groups or num_groups else [])
+                                         sparse_as_dense=sparse_as_dense, process_set=process_set)
+            # groups / num_groups only group Horovod's allreduces; a tick is one buffer (one group) anyway.
             opt = _build_relaxed(optimizer, session, names)
         # Horovod's public attributes, for code that reads them.
         opt._parameter_names = names

@@ -40,6 +40,16 @@ def test_horovod_optimizer_properties(policy):
     assert not re.search(r"RecursionError|same name as another tensor", out), out[-3000:]
 
 
+def test_a_script_that_raises_leaves_its_relaxed_optimizer_unfinished_with_one_line():
+    res = launch("mpirun", 2, "tests/workers/compat_torch.py", ["none"],
+                 env={"HVD_ELASTIC_POLICY": "asp", "COMPAT_RAISE_AT_END": "1"}, timeout=BOUND_S)
+    assert not res.timed_out, res.output[-3000:]
+    assert res.returncode != 0
+    lines = [l for l in res.rank_lines() if "ended with RuntimeError before finish(opt)" in l]
+    # The rank that raised says so; a rank still training then loses its peer (Horovod shuts down: its own line).
+    assert len(lines) >= 1, res.output[-3000:]
+
+
 def test_keras_accepts_horovod_arguments_under_bsp_and_refuses_them_elsewhere():
     res = launch("mpirun", 2, "tests/workers/compat_keras.py", timeout=BOUND_S)
     assert not res.timed_out and res.returncode == 0, res.output[-4000:]

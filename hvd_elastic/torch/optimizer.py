@@ -98,8 +98,8 @@ def parameter_names(optimizer, named_parameters) -> Dict[torch.Tensor, str]:
         (dups if name in seen else seen).add(name)
     if dups:
         raise ValueError(_MSG_DUPLICATES % ", ".join(dups))
-    named_ids = {id(v) for _, v in named_parameters}
-    unnamed = [id(v) for group in optimizer.param_groups for v in group["params"] if id(v) not in named_ids]
+    # Built as Horovod builds it (a set difference), so that several ids come out in Horovod's order.
+    unnamed = {id(v) for group in optimizer.param_groups for v in group["params"]} - {id(v) for _, v in named_parameters}
     if unnamed:
         raise ValueError(_MSG_UNNAMED % ", ".join(str(i) for i in unnamed))
     return {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}

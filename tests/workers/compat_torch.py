@@ -250,6 +250,7 @@ def check_named_parameters():
     model = mlp(9)
     cases = {"duplicates": lambda m: [("same", p) for p in m.parameters()],
              "missing": lambda m: list(m.named_parameters())[1:],
+             "several missing": lambda m: list(m.named_parameters())[:1],
              "not tuples": lambda m: [p for p in m.parameters()]}
     for what, named in cases.items():
         messages = []
@@ -394,6 +395,8 @@ def main():
     train(model, opt, batches(14), 3 + (2 * hvd.rank() if RELAXED else 0))   # relaxed: ranks end apart
     if hvd.rank() == 0:
         print("end of script", flush=True)
+    if os.environ.get("COMPAT_RAISE_AT_END"):
+        raise RuntimeError("raised on purpose")   # no finish at exit then: one error line, non-zero exit
 
 
 if __name__ == "__main__":

@@ -29,25 +29,27 @@ MARGIN = 0.03   # s: ticks complete within a few ms under MPI; pushes closer tha
 def test_staleness_matches_the_trace_computed_by_hand_on_two_ranks(tmp_path):
     """With HVD_ELASTIC_MAX_INFLIGHT=0 a rank's own push is applied before its next step starts, so the updates
     applied between the weights of step k and its application are exactly the other rank's pushes made between the
-    start of step k and its push: 0 or 1 for the fast rank (100 ms steps), 3 or 4 for the slow one (370 ms)."""
-    res = launch("mpirun", 2, "tests/workers/staleness_trace.py", [tmp_path, "3.0"],
+    start of step k and its push: 0 or 1 for the fast rank (100 ms steps), 3 or 4 for the slow one (370 ms). Every
+    push is checked; one close to a window edge (within a tick's latency) is allowed either count."""
+    res = launch("mpirun", 2, "tests/workers/staleness_trace.py", [tmp_path, "4.0"],
                  env={"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_MAX_INFLIGHT": "0"}, timeout=120)
     assert res.returncode == 0 and not res.timed_out, res.output[-3000:]
     ranks = [json.load(open(os.path.join(tmp_path, f"rank{r}.json"))) for r in range(2)]
-    checked, seen = 0, set()
+    exact, seen = 0, {0: set(), 1: set()}
     for me in (0, 1):
         other_pushes = [push for _, push in ranks[1 - me]["steps"]]
         trace = ranks[me]["report"]["ranks"][me]["counters"]["staleness_trace"]
         assert len(trace) == len(ranks[me]["steps"])        # every push accounted once it was applied
         for clock, (start, push) in enumerate(ranks[me]["steps"], 1):
-            if any(abs(q - start) < MARGIN or abs(q - push) < MARGIN for q in other_pushes):
-                continue
-            by_hand = sum(start < q < push for q in other_pushes)
-            assert trace[str(clock)] == by_hand, (me, clock, trace[str(clock)], by_hand)
-            checked += 1
-            seen.add((me, by_hand))
+            # By hand: the other rank's pushes made between this step's start and its push. A push within MARGIN of
+            # either edge may land on either side of it (tick latency), so it may or may not count.
+            certain = sum(start + MARGIN < q < push - MARGIN for q in other_pushes)
+            possible = sum(start - MARGIN < q < push + MARGIN for q in other_pushes)
+            assert certain <= trace[str(clock)] <= possible, (me, clock, trace[str(clock)], certain, possible)
+            exact += certain == possible
+            seen[me].add(trace[str(clock)])
     total = len(ranks[0]["steps"]) + len(ranks[1]["steps"])
-    assert checked >= 0.7 * total, (checked, total)
-    assert (0, 0) in seen and any(me == 1 and n >= 3 for me, n in seen), seen   # both regimes were checked
+    assert exact >= 0.4 * total, (exact, total)                     # many pushes pinned to one exact value
+    assert 0 in seen[0] and max(seen[1]) >= 3, seen                  # both regimes: fast rank 0, slow rank 3-4
     st = ranks[0]["report"]["staleness"]
     assert st["updates"] == total and st["max"] >= 3

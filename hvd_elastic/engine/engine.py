@@ -1,10 +1,14 @@
 """The sync engine: turns a policy's decisions into pushes, pulls and waits around Horovod ticks.
 
-Framework-free: updates travel as flat numpy arrays. The frontend supplies ``allreduce_sum(arrays, name)`` (an
-in-place Sum allreduce of numpy arrays over all ranks, with Horovod's ops) and, by the policy's update kind:
-- "gradient" policies (asp, ssp, dssp, zipline): ``apply_gradient(g)`` runs one optimizer step on the replica
-  with gradient g = (sum of the tick's gradients) / n. Every rank applies the same ticks in the same order, so
-  the replicas (weights and optimizer state) stay identical: the parameter server's role, played by every rank.
+Framework-free: updates travel in flat buffers of the frontend's own tensor type, made and combined by its
+``Buffers`` (engine/buffers.py: numpy for TensorFlow, torch tensors for PyTorch). The frontend supplies
+``allreduce_sum(buffers, name)`` (an in-place Sum allreduce over all ranks, with Horovod's ops) and, by the
+policy's update kind:
+- "gradient" policies (asp, ssp, dssp, zipline): each step hands ``accumulate(dst, alpha)`` (adds alpha x this
+  step's gradient into dst in place); ``apply_gradient(update, scale)`` runs one optimizer step on the replica with
+  gradient scale x update, scale = 1 / n (update: the sum of a tick's gradients). Every rank applies the same
+  ticks in the same order, so the replicas (weights and optimizer state) stay identical: the parameter server's
+  role, played by every rank.
 - "delta" policies (wbsp): each rank trains its own copy and pushes model deltas; the engine keeps the global model
   W (W += sum of deltas / n per tick) and ``read_params()`` / ``write_params(w)`` move weights in and out.
 
@@ -19,9 +23,8 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Callable, Deque, List, Optional
+from typing import Any, Callable, Deque, Optional
 
-import numpy as np
 
 from ..errors import HvdElasticError
 from ..telemetry import Telemetry
@@ -33,14 +36,15 @@ from .view import GlobalView
 class SyncEngine:
     """One rank's side of a relaxed-synchronization run."""
 
-    def __init__(self, policy, rank: int, size: int, numel: int, dtype,
-                 allreduce_sum: Callable[[List[np.ndarray], str], None], telemetry: Telemetry,
+    def __init__(self, policy, rank: int, size: int, numel: int, buffers,
+                 allreduce_sum: Callable[[list, str], None], telemetry: Telemetry,
                  tick_s: float, epoch_ns: int,
-                 apply_gradient: Optional[Callable[[np.ndarray], None]] = None,
-                 read_params: Optional[Callable[[], np.ndarray]] = None,
-                 write_params: Optional[Callable[[np.ndarray], None]] = None,
+                 apply_gradient: Optional[Callable[[Any, float], None]] = None,
+                 read_params: Optional[Callable[[], Any]] = None,
+                 write_params: Optional[Callable[[Any], None]] = None,
                  stall_timeout_s: float = 120.0, tick_name: str = "hvd_elastic.tick"):
         self.policy, self.rank, self.size = policy, rank, size
+        self.buffers = buffers
         self.telemetry = telemetry
         self.apply_gradient, self.read_params, self.write_params = apply_gradient, read_params, write_params
         self.view = GlobalView(size)
@@ -57,29 +61,37 @@ class SyncEngine:
         self._unapplied: Deque = collections.deque()
         self._published_applied = 0
         if policy.kind == "delta":
-            self.global_model = read_params().astype(dtype, copy=True)   # W, identical on every rank at start
-            self.last_upload = self.global_model.copy()
-            self.published = self.global_model.copy()                     # W as of the last downloadable tick
-        self.ticker = Ticker(numel, dtype, rank, size, allreduce_sum, tick_s=tick_s, epoch_ns=epoch_ns, name=tick_name)
+            self.global_model = buffers.clone(read_params())   # W, identical on every rank at start
+            self.last_upload = buffers.clone(self.global_model)
+            self.published = buffers.clone(self.global_model)  # W as of the last downloadable tick
+        self.ticker = Ticker(numel, buffers, rank, size, allreduce_sum, tick_s=tick_s, epoch_ns=epoch_ns,
+                             name=tick_name)
         policy.attach(self)
 
     # ---- per step ----------------------------------------------------------------------------------------------
-    def step(self, update: Optional[np.ndarray], compute_s: float):
+    def step(self, accumulate: Optional[Callable[[Any, float], None]], compute_s: float):
         """Push this step's update, pull completed ticks, and wait while the policy's gate is closed.
 
-        For delta policies pass update=None: the engine computes the delta from read_params()."""
+        Gradient policies: ``accumulate(dst, alpha)`` adds alpha x the gradient into dst. Delta policies: pass
+        None; the engine pushes the delta read_params() - last upload."""
         t0 = time.perf_counter()
         busy0 = self._busy_s
+        buffers = self.buffers
+        weight = 1.0
+        if self.policy.compensation != "none":
+            weight = compensation_weight(self.policy.compensation,
+                                         self.ticker.updates_before_next_push(self._applied_at_read), self.size)
+        self.staleness.add_weight(weight)
         if self.policy.kind == "delta":
             w = self.read_params()
-            update = w - self.last_upload
-            self.last_upload = w
-        weight = compensation_weight(self.policy.compensation,
-                                     self.ticker.updates_before_next_push(self._applied_at_read), self.size)
-        self.staleness.add_weight(weight)
-        if weight != 1.0:
-            update *= weight
-        self.ticker.push(update, int(compute_s * 1e9))
+
+            def accumulate(dst, alpha, w=w, last=self.last_upload):
+                buffers.add_(dst, w, alpha)
+                buffers.add_(dst, last, -alpha)
+            self.ticker.push(lambda dst: accumulate(dst, weight), int(compute_s * 1e9))
+            buffers.copy_(self.last_upload, w)
+        else:
+            self.ticker.push(lambda dst: accumulate(dst, weight), int(compute_s * 1e9))
         self._unapplied.append((self.ticker.clock, self._applied_at_read))
         if self.policy.kind == "delta":
             self._applied_at_read += 1   # the rank's own copy holds this delta already (see staleness.py)
@@ -125,7 +137,7 @@ class SyncEngine:
         """Delta policies: replace this rank's weights by the last published global model."""
         t0 = time.perf_counter()
         self.write_params(self.published)
-        self.last_upload = self.published.copy()
+        self.buffers.copy_(self.last_upload, self.published)
         self._applied_at_read = self._published_applied
         self.telemetry.count("downloads")
         self._busy_s += time.perf_counter() - t0
@@ -151,9 +163,10 @@ class SyncEngine:
         if tick.update is not None:
             t0 = time.perf_counter()
             if self.policy.kind == "gradient":
-                self.apply_gradient(tick.update / self.size)
+                self.apply_gradient(tick.update, 1.0 / self.size)
             else:
-                self.global_model += tick.update / self.size
+                self.buffers.add_(self.global_model, tick.update, 1.0 / self.size)
+            self.ticker.recycle(tick)
             self._busy_s += time.perf_counter() - t0
             self.applied_contributions += tick.total_count
             self.telemetry.count("ticks_applied")
@@ -161,7 +174,7 @@ class SyncEngine:
 
     def publish(self):
         """Delta policies: the current global model becomes the one downloads see (policy decides when)."""
-        self.published = self.global_model.copy()
+        self.buffers.copy_(self.published, self.global_model)
         self._published_applied = self.applied_contributions
         self.telemetry.count("publishes")
 
@@ -191,6 +204,7 @@ class SyncEngine:
         self.telemetry.wait_s += time.perf_counter() - t0
         self.telemetry.counters.update({
             "ticks": self.ticker.ticks, "nonempty_ticks": self.ticker.nonempty_ticks,
+            "payload_collectives": self.ticker.payload_collectives, "bytes_reduced": self.ticker.bytes_reduced,
             "tick_comm_s": round(self.ticker.comm_s, 3), "pushed": self.pushed,
             "applied_contributions": self.applied_contributions, **self.staleness.counters()})
         if self.policy.kind == "gradient":

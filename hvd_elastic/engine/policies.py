@@ -241,7 +241,7 @@ class Zipline(Policy):
             self.targets = None
             self.barriers += 1
             # Replica check: every rank's weights right after the barrier tick (identical by construction).
-            w = self.engine.read_params()
+            w = self.engine.buffers.numpy(self.engine.read_params())
             self.digest = zlib.crc32(np.ascontiguousarray(w).tobytes(), self.digest)
 
     def may_proceed(self, clock: int) -> bool:

@@ -1,9 +1,19 @@
 """The data plane: ticks of partial allreduce, driven by a background thread (architecture.md, "The data plane").
 
-A tick is one Sum-allreduce over all ranks of (a) the updates each rank pushed since its previous tick (zeros when
+A tick is a Sum-allreduce over all ranks of (a) the updates each rank pushed since its previous tick (zeros when
 it has none) and (b) a metadata table in which each rank fills only its own row, so the Sum is an allgather of
 every rank's clock, last push time and iteration time. Every rank receives the same ticks in the same order, which
 is what lets every rank apply the same updates and take the same scheduling decisions.
+
+Metadata first: a tick in which nobody pushed moves no model-sized buffer. After an empty tick the next tick is a
+metadata-only allreduce (a few hundred words); if its table shows a push count above zero, the payload follows at
+once in a second allreduce. After a non-empty tick the next tick sends payload and metadata together in one
+allreduce (busy phases pay one collective per tick, as before). The choice depends only on the previous tick's
+table, which every rank holds identically, so every rank issues the same collectives in the same order.
+
+Buffers: the update buffers are the frontend's own tensors (engine/buffers.py), preallocated and reused: pushes
+accumulate in place into the pending buffer; a tick swaps it for a zeroed spare; the training thread gives each
+applied tick's buffer back (recycle), and the tick thread zeroes it for reuse. No model-sized allocation per tick.
 
 Pacing: the thread issues a tick at most every `tick_s` seconds, and backs off (doubling, up to `max_idle_s`) while
 ticks come back empty. A tick carries one model-sized buffer however many pushes it sums, so communication is
@@ -24,16 +34,18 @@ from typing import Callable, Deque, List, Optional
 import numpy as np
 
 from ..errors import HvdElasticError
+from .buffers import NumpyBuffers
 
 # Metadata columns, one row per rank (int64).
 COUNT, CLOCK, LAST_PUSH_NS, INTERVAL_NS, FINISHED, SEQ = range(6)
 META_COLUMNS = 6
-# The metadata travels in the same buffer as the update (one allreduce, one dtype: Horovod only fuses tensors of
-# one dtype, and on Gloo every extra collective costs milliseconds). Each int64 (all values are >= -1) is stored
-# as value + 1 in four 16-bit pieces, which float32 and float64 hold exactly; one rank fills each row and the
-# others add zeros, so the Sum returns every piece exactly.
+# The metadata travels in a buffer of the update's dtype (with the payload in busy phases: one allreduce, one
+# dtype, since Horovod only fuses tensors of one dtype and on Gloo every extra collective costs milliseconds). Each
+# int64 (all values are >= -1) is stored as value + 1 in four 16-bit pieces, which float32 and float64 hold
+# exactly; one rank fills each row and the others add zeros, so the Sum returns every piece exactly.
 META_PIECES = 4   # 16-bit pieces per int64
 _BASE = 1 << 16
+POOL_LIMIT = 2    # recycled buffers kept for reuse (beyond them, given back to the allocator)
 
 
 def encode_meta(meta: np.ndarray, out: np.ndarray):
@@ -54,12 +66,13 @@ def decode_meta(words: np.ndarray, size: int, columns: int = META_COLUMNS) -> np
 
 
 class Tick:
-    """One completed tick: `index`, the summed `update` (None when nobody pushed) and the metadata table."""
+    """One completed tick: `index`, the summed `update` (a view of `buffer`; None when nobody pushed), the
+    metadata table, the time spent in its collectives. Hand `buffer` back with Ticker.recycle once applied."""
 
-    __slots__ = ("index", "update", "meta", "comm_s")
+    __slots__ = ("index", "update", "meta", "comm_s", "buffer")
 
-    def __init__(self, index: int, update: Optional[np.ndarray], meta: np.ndarray, comm_s: float):
-        self.index, self.update, self.meta, self.comm_s = index, update, meta, comm_s
+    def __init__(self, index: int, update, meta: np.ndarray, comm_s: float, buffer=None):
+        self.index, self.update, self.meta, self.comm_s, self.buffer = index, update, meta, comm_s, buffer
 
     @property
     def total_count(self) -> int:
@@ -71,20 +84,29 @@ class TickerError(HvdElasticError):
 
 
 class Ticker:
-    """Background tick thread of one rank. The training thread calls push()/finish()/take(); nothing else."""
+    """Background tick thread of one rank. The training thread calls push()/finish()/take()/recycle(); nothing
+    else. `allreduce_sum(buffers, name)` is an in-place Sum allreduce over all ranks of buffers of the kind
+    `buffers` makes (NumpyBuffers by default)."""
 
-    def __init__(self, numel: int, dtype, rank: int, size: int,
-                 allreduce_sum: Callable[[List[np.ndarray], str], None],
+    def __init__(self, numel: int, buffers, rank: int, size: int,
+                 allreduce_sum: Callable[[list, str], None],
                  tick_s: float = 0.005, max_idle_s: float = 0.01, epoch_ns: int = 0,
                  name: str = "hvd_elastic.tick"):
-        self.numel, self.dtype, self.rank, self.size = numel, np.dtype(dtype), rank, size
+        if not hasattr(buffers, "zeros"):          # a dtype: numpy buffers
+            buffers = NumpyBuffers(buffers)
+        self.numel, self.buffers, self.rank, self.size = numel, buffers, rank, size
         # Horovod tensor name of the ticks: unique among the engines alive in this process, the same on every rank.
         self.name = name
         self._allreduce_sum = allreduce_sum
         self.tick_s, self.max_idle_s, self.epoch_ns = tick_s, max(max_idle_s, tick_s), epoch_ns
         self._lock = threading.Condition()
         self._meta_words = size * META_COLUMNS * META_PIECES
-        self._pending = np.zeros(numel + self._meta_words, self.dtype)   # [update | encoded metadata]
+        self._length = numel + self._meta_words          # [update | encoded metadata]
+        self._pending = buffers.zeros(self._length)      # this rank's pushes since its last tick
+        self._spare = None                               # a zeroed buffer for the next swap (tick thread only)
+        self._returned: List = []                        # applied ticks' buffers, given back (not zeroed yet)
+        self._meta_buffer = buffers.zeros(self._meta_words)
+        self._words = np.zeros(self._meta_words, np.float64)
         self._pending_count = 0
         self._clock = 0
         self._last_push_ns = -1
@@ -101,6 +123,7 @@ class Ticker:
         self._stopped = False
         self.ticks = 0
         self.nonempty_ticks = 0
+        self.payload_collectives = 0   # model-sized allreduces (metadata-only ticks move none)
         self.bytes_reduced = 0
         self.comm_s = 0.0
         self._thread = threading.Thread(target=self._run, name=f"hvd_elastic-ticker-{rank}", daemon=True)
@@ -110,13 +133,14 @@ class Ticker:
     def now_ns(self) -> int:
         return time.time_ns() - self.epoch_ns
 
-    def push(self, update: np.ndarray, interval_ns: int) -> int:
-        """Add one update to this rank's next tick. Returns the rank's clock (pushes so far)."""
+    def push(self, accumulate: Callable, interval_ns: int) -> int:
+        """Add one update to this rank's next tick: ``accumulate(dst)`` adds it in place into `dst`, the first
+        `numel` words of the pending buffer (under the ticker's lock). Returns the rank's clock (pushes so far)."""
         with self._lock:
             self._check()
             if self._finished:
                 raise TickerError("push after finish()")
-            np.add(self._pending[:self.numel], update, out=self._pending[:self.numel])
+            accumulate(self.buffers.head(self._pending, self.numel))
             self._pending_count += 1
             self._clock += 1
             self._push_times.append(time.perf_counter())
@@ -167,6 +191,14 @@ class Ticker:
             self._completed.clear()
             return out
 
+    def recycle(self, tick: Tick):
+        """Give an applied tick's buffer back for reuse (its update must not be read afterwards)."""
+        if tick.buffer is not None:
+            with self._lock:
+                if len(self._returned) < POOL_LIMIT:
+                    self._returned.append(tick.buffer)
+            tick.buffer = tick.update = None
+
     @property
     def stopped(self) -> bool:
         return self._stopped
@@ -180,11 +212,26 @@ class Ticker:
             raise TickerError(f"tick thread failed: {self._error}") from self._error
 
     # ---- background thread -----------------------------------------------------------------------------------
+    def _zeroed_buffer(self):
+        """A zeroed model-sized buffer: a recycled one (zeroed here, outside the lock) or a new one."""
+        with self._lock:
+            buf = self._returned.pop() if self._returned else None
+        if buf is None:
+            return self.buffers.zeros(self._length)
+        self.buffers.zero_(buf)
+        return buf
+
+    def _reduce(self, buf, name: str):
+        self._allreduce_sum([buf], name)
+        self.bytes_reduced += self.buffers.nbytes(buf)
+
     def _run(self):
         try:
             idle_s = self.tick_s
             index = 0
             last = 0.0
+            full = False     # payload rides with the metadata (the previous tick was non-empty, on every rank)
+            buffers, numel = self.buffers, self.numel
             while True:
                 wait = last + idle_s - time.monotonic()
                 if wait > 0:
@@ -192,26 +239,44 @@ class Ticker:
                         if not self._finished:
                             self._lock.wait(wait)
                 last = time.monotonic()
+                if self._spare is None:
+                    self._spare = self._zeroed_buffer()
                 with self._lock:
                     self.in_flight = True
-                    send, self._pending = self._pending, np.zeros(self.numel + self._meta_words, self.dtype)
                     count, self._pending_count = self._pending_count, 0
+                    send = None
+                    if full or count:
+                        send, self._pending, self._spare = self._pending, self._spare, None
                     meta = np.full((self.size, META_COLUMNS), -1, np.int64)   # encodes to zeros
                     meta[self.rank] = (count, self._clock, self._last_push_ns, self._interval_ns,
                                        int(self._finished), index)
-                    encode_meta(meta, send[self.numel:])
+                encode_meta(meta, self._words)
                 t0 = time.perf_counter()
-                self._allreduce_sum([send], self.name)
-                dt = time.perf_counter() - t0
-                meta = decode_meta(send[self.numel:], self.size)
+                carrier = send if full else self._meta_buffer
+                offset = numel if full else 0
+                buffers.set_words(carrier, offset, self._words)
+                self._reduce(carrier, self.name if full else f"{self.name}.meta")
+                meta = decode_meta(buffers.get_words(carrier, offset, self._meta_words), self.size)
                 if not (meta[:, SEQ] == index).all():
                     raise TickerError(f"ranks are out of step at tick {index}: {meta[:, SEQ].tolist()}")
                 total = int(meta[:, COUNT].sum())
-                tick = Tick(index, send[:self.numel] if total else None, meta, dt)
+                if total and not full:          # the table announced updates: the payload follows
+                    if send is None:            # this rank has none: it adds zeros
+                        send, self._spare = (self._spare, None) if self._spare is not None else \
+                            (self._zeroed_buffer(), None)
+                    self._reduce(send, self.name)
+                if total:
+                    self.payload_collectives += 1
+                elif send is not None:          # an empty tick's buffer sums zeros: it stays a zeroed spare
+                    if self._spare is None:
+                        self._spare = send
+                    send = None
+                dt = time.perf_counter() - t0
+                tick = Tick(index, buffers.head(send, numel) if total else None, meta, dt, send if total else None)
+                full = total > 0
                 with self._lock:
                     self.ticks += 1
                     self.comm_s += dt
-                    self.bytes_reduced += send.nbytes
                     if total:
                         self.nonempty_ticks += 1
                     self.delivered_total += total

@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import config as _config
+from ..engine.buffers import NumpyBuffers
 from ..engine.engine import SyncEngine
 from ..engine.policies import POLICIES as RELAXED_POLICIES, make_policy
 from ..errors import ConfigError, HvdElasticError
@@ -189,9 +190,9 @@ class ElasticState:
     def _start_engine(self):
         s, flat, apply_flat = self.session, self.flat, self._apply_flat
         epoch_ns = hvd.broadcast_object(time.time_ns(), root_rank=0, name="hvd_elastic.epoch")
-        s.engine = SyncEngine(make_policy(s.cfg), s.rank, s.size, flat.numel, flat.dtype, _allreduce_sum,
-                              s.telemetry, tick_s=s.cfg.tick_ms / 1000.0, epoch_ns=epoch_ns,
-                              apply_gradient=lambda g: apply_flat(tf.convert_to_tensor(g)),
+        s.engine = SyncEngine(make_policy(s.cfg), s.rank, s.size, flat.numel, NumpyBuffers(flat.dtype),
+                              _allreduce_sum, s.telemetry, tick_s=s.cfg.tick_ms / 1000.0, epoch_ns=epoch_ns,
+                              apply_gradient=lambda update, scale: apply_flat(tf.convert_to_tensor(update * scale)),
                               read_params=flat.weights, write_params=flat.set_weights)
 
     def finish(self) -> Dict[str, Any]:
@@ -217,7 +218,10 @@ class ElasticState:
             raise HvdElasticError("training step after finish() (or before training started): start a new "
                                   "DistributedOptimizer / model.fit for more training")
         compute = s.begin_step()   # since the last step ended: forward, backward (wbsp: the local step too)
-        s.engine.step(flat_grad, compute)
+        if flat_grad is None:     # delta policies: the engine reads the weights
+            s.engine.step(None, compute)
+        else:
+            s.engine.step(lambda dst, alpha: s.engine.buffers.add_(dst, flat_grad, alpha), compute)
         s.telemetry.add_step(compute)
         s.last_step_end = time.perf_counter()
 

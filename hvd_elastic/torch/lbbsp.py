@@ -19,6 +19,7 @@ import horovod.torch as hvd
 import torch
 
 from ..lbbsp import BatchPlan, LbbspController
+from .buffers import FlatParams
 
 def _refuse_sparse_gradients(opt, policy):
     from .optimizer import _refuse_sparse_gradients as refuse
@@ -46,7 +47,7 @@ def _lbbsp_step(self, closure=None):
 
 def build_lbbsp(optimizer, session, *, compression, op, gradient_predivide_factor, sparse_as_dense, process_set,
                 backward_passes_per_step):
-    from .optimizer import _FlatParams, refuse_unsupported_arguments, wrap_class
+    from .optimizer import refuse_unsupported_arguments, wrap_class
     refuse_unsupported_arguments("lbbsp", compression=compression, op=op,
                                  gradient_predivide_factor=gradient_predivide_factor,
                                  sparse_as_dense=sparse_as_dense, process_set=process_set,
@@ -54,7 +55,7 @@ def build_lbbsp(optimizer, session, *, compression, op, gradient_predivide_facto
                                  also=["backward_passes_per_step"] if backward_passes_per_step != 1 else [])
     ctl = session.lbbsp
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    flat = _FlatParams(params)
+    flat = FlatParams(params)
     # Same reason as the relaxed policies: horovod.torch.broadcast_optimizer_state's dummy step must call the
     # wrapped optimizer's own step, not ours (which would run a collective on one side only). synchronize() is
     # Horovod's protocol with nothing to exchange: lbbsp synchronizes inside step().

@@ -24,7 +24,6 @@ from typing import Any, Dict, List
 
 import horovod.torch as hvd
 import horovod.torch.functions as _hvd_functions
-import numpy as np
 import torch
 # Horovod's own optimizer, taken from its defining module: a user may swap hvd.DistributedOptimizer for ours by
 # assignment, and then hvd.DistributedOptimizer is this module's function (calling it from bsp would recurse).
@@ -35,6 +34,7 @@ from ..engine.engine import SyncEngine
 from ..engine.policies import POLICIES as RELAXED_POLICIES, make_policy
 from ..errors import ConfigError, HvdElasticError
 from ..session import Session
+from .buffers import FlatParams
 
 # Policies this frontend can run; the configuration recognises every policy of the design.
 IMPLEMENTED_POLICIES = ("bsp", "lbbsp") + tuple(RELAXED_POLICIES)
@@ -155,49 +155,9 @@ def wrap_class(optimizer, step, extra=None):
 
 
 # ---- relaxed policies --------------------------------------------------------------------------------------------
-class _FlatParams:
-    """Fixed layout of the trainable parameters in one flat float buffer (same order on every rank)."""
-
-    def __init__(self, params):
-        self.params = [p for p in params if p.requires_grad]
-        dtypes = {p.dtype for p in self.params}
-        if len(dtypes) > 1:
-            raise ConfigError(f"relaxed policies need one parameter dtype, got {sorted(map(str, dtypes))}")
-        self.dtype = {torch.float64: np.float64}.get(next(iter(dtypes), torch.float32), np.float32)
-        self.slices = []
-        off = 0
-        for p in self.params:
-            self.slices.append((p, off, p.numel()))
-            off += p.numel()
-        self.numel = off
-
-    def gradients(self) -> np.ndarray:
-        out = np.zeros(self.numel, self.dtype)
-        for p, off, n in self.slices:
-            if p.grad is not None:
-                out[off:off + n] = p.grad.detach().reshape(-1).to("cpu", copy=False).numpy()
-        return out
-
-    def set_gradients(self, g: np.ndarray):
-        for p, off, n in self.slices:
-            p.grad = torch.from_numpy(g[off:off + n]).view_as(p).to(p.device, p.dtype)
-
-    def weights(self) -> np.ndarray:
-        out = np.empty(self.numel, self.dtype)
-        with torch.no_grad():
-            for p, off, n in self.slices:
-                out[off:off + n] = p.detach().reshape(-1).to("cpu", copy=False).numpy()
-        return out
-
-    def set_weights(self, w: np.ndarray):
-        with torch.no_grad():
-            for p, off, n in self.slices:
-                p.copy_(torch.from_numpy(w[off:off + n]).view_as(p))
-
-
-def _allreduce_sum(arrays, name):
-    handles = [hvd.allreduce_async_(torch.from_numpy(a), op=hvd.Sum, name=f"{name}.{i}")
-               for i, a in enumerate(arrays)]
+def _allreduce_sum(tensors, name):
+    """In-place Sum allreduce of flat torch tensors over all ranks (the engine's data plane, on the tick thread)."""
+    handles = [hvd.allreduce_async_(t, op=hvd.Sum, name=f"{name}.{i}") for i, t in enumerate(tensors)]
     for h in handles:
         hvd.synchronize(h)
 
@@ -234,7 +194,7 @@ def _relaxed_step(self, closure=None):
         engine.step(None, compute)
     else:
         _refuse_sparse_gradients(self, session.cfg.policy)
-        engine.step(flat.gradients(), compute)
+        engine.step(flat.accumulate_gradients, compute)
         if engine.applied_contributions == 0:
             # The optimizer state (momentum, Adam moments) is created by the first applied tick. Waiting for it once
             # here (already so under HVD_ELASTIC_MAX_INFLIGHT=0) gives every rank the same state *structure* from its
@@ -309,15 +269,15 @@ _ENGINE_IDS = itertools.count()      # relaxed engines built in this process: th
 
 def _build_relaxed(optimizer, session: Session, names):
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    flat = _FlatParams(params)
+    flat = FlatParams(params)
     # __module__ (wrap_class): horovod.torch.broadcast_optimizer_state() initialises an empty optimizer state with a
     # dummy step(); for classes from Horovod's optimizer module it calls the wrapped optimizer's own step instead.
     # Ours must be treated the same way: a dummy step through the engine would push an update on some ranks only.
     wrap_class(optimizer, _relaxed_step, {"state_dict": _relaxed_state_dict})
     optimizer._hvd_elastic_flat = flat
 
-    def apply_gradient(g):
-        flat.set_gradients(g)
+    def apply_gradient(update, scale):
+        flat.load_gradient(update, scale)
         optimizer._hvd_elastic_inner_step()
 
     # Construction is collective and happens in the same order on every rank, so the n-th engine of each rank
@@ -332,7 +292,7 @@ def _build_relaxed(optimizer, session: Session, names):
     policy = make_policy(session.cfg)
     # Weights must be identical before the engine snapshots them (delta policies keep the global model).
     hvd.broadcast_parameters({f"p{i}": p for i, p in enumerate(flat.params)}, root_rank=0)
-    session.engine = SyncEngine(policy, session.rank, session.size, flat.numel, flat.dtype, _allreduce_sum,
+    session.engine = SyncEngine(policy, session.rank, session.size, flat.numel, flat.buffers, _allreduce_sum,
                                 session.telemetry, tick_s=session.cfg.tick_ms / 1000.0, epoch_ns=epoch_ns,
                                 apply_gradient=apply_gradient, read_params=flat.weights, write_params=flat.set_weights,
                                 tick_name=f"hvd_elastic.torch.tick.{engine_id}")

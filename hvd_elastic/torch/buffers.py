@@ -1,0 +1,124 @@
+"""The PyTorch side of the data plane: flat update buffers as torch tensors on the parameters' device, and the
+trainable parameters' fixed layout inside them (see hvd_elastic/engine/buffers.py for the contract).
+
+Gradients go from ``p.grad`` into the pending buffer with one fused ``torch._foreach_add_`` (no copy out, no numpy),
+Horovod reduces the buffer where it lives (CPU or CUDA), and a tick's sum reaches the optimizer through one
+preallocated gradient buffer whose slices are the parameters' ``.grad`` (as Horovod and DDP use gradient
+buckets): nothing model-sized is allocated per push, per tick or per apply.
+"""
+from __future__ import annotations
+
+from typing import List
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+
+
+class TorchBuffers:
+    """Flat buffers as 1-D torch tensors of one dtype on one device."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device):
+        self.dtype, self.device = dtype, device
+
+    def zeros(self, n: int) -> torch.Tensor:
+        return torch.zeros(n, dtype=self.dtype, device=self.device)
+
+    def zero_(self, buf: torch.Tensor):
+        buf.zero_()
+
+    def add_(self, dst: torch.Tensor, src: torch.Tensor, alpha: float = 1.0):
+        dst.add_(src, alpha=alpha)
+
+    def copy_(self, dst: torch.Tensor, src: torch.Tensor):
+        dst.copy_(src)
+
+    def clone(self, src: torch.Tensor) -> torch.Tensor:
+        return src.detach().clone()
+
+    def head(self, buf: torch.Tensor, n: int) -> torch.Tensor:
+        return buf[:n]
+
+    def set_words(self, buf: torch.Tensor, offset: int, words: np.ndarray):
+        buf[offset:offset + len(words)].copy_(torch.from_numpy(words))
+
+    def get_words(self, buf: torch.Tensor, offset: int, n: int) -> np.ndarray:
+        return buf[offset:offset + n].cpu().numpy()
+
+    def numpy(self, buf: torch.Tensor) -> np.ndarray:
+        return buf.detach().cpu().numpy()
+
+    def nbytes(self, buf: torch.Tensor) -> int:
+        return buf.numel() * buf.element_size()
+
+
+class FlatParams:
+    """Fixed layout of the trainable parameters in one flat buffer (same order on every rank)."""
+
+    def __init__(self, params):
+        self.params = [p for p in params if p.requires_grad]
+        dtypes = {p.dtype for p in self.params}
+        if len(dtypes) > 1:
+            raise ConfigError(f"relaxed policies need one parameter dtype, got {sorted(map(str, dtypes))}")
+        devices = {p.device for p in self.params}
+        if len(devices) > 1:
+            raise ConfigError(f"relaxed policies need every trainable parameter on one device, got "
+                              f"{sorted(map(str, devices))}")
+        self.torch_dtype = next(iter(dtypes), torch.float32)
+        self.device = next(iter(devices), torch.device("cpu"))
+        self.dtype = {torch.float64: np.float64}.get(self.torch_dtype, np.float32)   # the numpy twin (lbbsp)
+        self.buffers = TorchBuffers(self.torch_dtype, self.device)
+        self.slices = []
+        off = 0
+        for p in self.params:
+            self.slices.append((p, off, p.numel()))
+            off += p.numel()
+        self.numel = off
+        self._grad = None        # the applied gradient (p.grad are its slices), made at the first apply
+        self._weights = None     # scratch for read_params (delta policies)
+
+    def views(self, flat: torch.Tensor) -> List[torch.Tensor]:
+        return [flat[off:off + n].view_as(p) for p, off, n in self.slices]
+
+    # ---- engine callbacks (torch tensors) ------------------------------------------------------------------------
+    def accumulate_gradients(self, dst: torch.Tensor, alpha: float):
+        """dst += alpha x this rank's gradients (parameters without a gradient add nothing)."""
+        pairs = [(v, p.grad) for v, (p, _, _) in zip(self.views(dst), self.slices) if p.grad is not None]
+        if pairs:
+            dsts, grads = zip(*pairs)
+            torch._foreach_add_(list(dsts), [g.detach() for g in grads], alpha=alpha)
+
+    def load_gradient(self, update: torch.Tensor, scale: float):
+        """p.grad = scale x update, through the preallocated gradient buffer (its slices become the .grad)."""
+        if self._grad is None:
+            self._grad = torch.empty(self.numel, dtype=self.torch_dtype, device=self.device)
+            self._grad_views = self.views(self._grad)
+        torch.mul(update, scale, out=self._grad)
+        for (p, _, _), v in zip(self.slices, self._grad_views):
+            if p.grad is not v:
+                p.grad = v
+
+    def weights(self) -> torch.Tensor:
+        """The weights as one flat tensor (a scratch buffer, overwritten by the next call)."""
+        if self._weights is None:
+            self._weights = torch.empty(self.numel, dtype=self.torch_dtype, device=self.device)
+        with torch.no_grad():
+            torch._foreach_copy_(self.views(self._weights), [p.detach() for p in self.params])
+        return self._weights
+
+    def set_weights(self, w: torch.Tensor):
+        with torch.no_grad():
+            torch._foreach_copy_(self.params, self.views(w))
+
+    # ---- numpy (lbbsp's exchange buffer) --------------------------------------------------------------------------
+    def gradients(self) -> np.ndarray:
+        out = np.zeros(self.numel, self.dtype)
+        for p, off, n in self.slices:
+            if p.grad is not None:
+                out[off:off + n] = p.grad.detach().reshape(-1).to("cpu", copy=False).numpy()
+        return out
+
+    def set_gradients(self, g: np.ndarray):
+        for p, off, n in self.slices:
+            p.grad = torch.from_numpy(g[off:off + n]).view_as(p).to(p.device, p.dtype)

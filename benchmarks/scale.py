@@ -18,6 +18,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "benchmarks", "scale_worker.py")
+BATCH = 16   # samples per rank per step
 POLICIES = {"horovod": None, "bsp": {"HVD_ELASTIC_POLICY": "bsp"}, "lbbsp": {"HVD_ELASTIC_POLICY": "lbbsp"},
             "asp": {"HVD_ELASTIC_POLICY": "asp"}, "ssp": {"HVD_ELASTIC_POLICY": "ssp"},
             "dssp": {"HVD_ELASTIC_POLICY": "dssp"}, "zipline": {"HVD_ELASTIC_POLICY": "zipline"},
@@ -29,9 +30,11 @@ def run_cell(policy, params_m, ranks, steps, timeout):
     env.update({"PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""), "HOROVOD_LOG_LEVEL": "warning",
                 "OMPI_MCA_rmaps_base_oversubscribe": "1", "HVD_ELASTIC_REPORT": "0"})
     env.update(POLICIES[policy] or {})
+    if policy == "lbbsp":   # the global batch it re-divides: the same samples per step as every other policy
+        env["HVD_ELASTIC_GLOBAL_BATCH"] = str(BATCH * ranks)
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks),
            sys.executable, WORKER, "--params", str(params_m), "--steps", str(steps),
-           "--impl", "horovod" if policy == "horovod" else "hvd_elastic"]
+           "--batch", str(BATCH), "--impl", "horovod" if policy == "horovod" else "hvd_elastic"]
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:

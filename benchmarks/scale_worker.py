@@ -75,8 +75,13 @@ def main():
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     counters = report["ranks"][rank]["counters"] if report else {}
     steps = args.warmup + args.steps
-    # Plain Horovod reduces each gradient once per step; the engine counts what its ticks moved (whole run).
-    bytes_per_step = counters.get("bytes_reduced", 0) / steps if report else numel * 4.0
+    # The engine counts what its ticks moved (whole run); plain Horovod and bsp reduce each gradient once per step,
+    # lbbsp one buffer of the gradient and a 3-column metadata table (16-bit pieces) per step.
+    if "bytes_reduced" in counters:
+        bytes_per_step = counters["bytes_reduced"] / steps
+    else:
+        policy = report["policy"] if report else "horovod"
+        bytes_per_step = 4.0 * (numel + (size * 3 * 4 if policy == "lbbsp" else 0))
     mine = {"rank": rank, "step_s": elapsed / args.steps, "peak_rss_mb": rss_mb, "bytes_per_step": bytes_per_step,
             "ticks": counters.get("ticks"), "payload_collectives": counters.get("payload_collectives")}
     everyone = hvd.allgather_object(mine)

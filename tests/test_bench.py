@@ -1,4 +1,4 @@
-"""The benchmark command (python -m hvd_elastic.bench) end to end, small: real 4-rank jobs under mpirun on the
+"""The benchmark command (python -m benchmarks) end to end, small: real 4-rank jobs under mpirun on the
 static-skew profile -- task digits: plain Horovod and asp (PyTorch) and asp (Keras); task mnist1d: plain Horovod and
 asp (PyTorch) on a small budget -- plus the figures' logic on hand-made numbers (time to target that must *stay*
 reached, final accuracy, medians and spreads over seeds). Checks the pipeline and the files it writes, not speed
@@ -13,7 +13,7 @@ import pytest
 
 from launch import BIN, ROOT
 
-from hvd_elastic.bench.matrix import (Eta, aggregate, final_accuracy, merge_runs, spread, summarize,
+from benchmarks.matrix import (Eta, aggregate, final_accuracy, merge_runs, spread, summarize,
                                       time_to_target)
 
 
@@ -24,7 +24,7 @@ def _env():
 
 
 def _bench(args, timeout=420):
-    proc = subprocess.run([sys.executable, "-m", "hvd_elastic.bench", *args], cwd=ROOT, env=_env(),
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", *args], cwd=ROOT, env=_env(),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-4000:]
     return proc
@@ -180,11 +180,11 @@ def test_eta_uses_the_same_cell_first():
 
 
 def test_unknown_policy_is_a_one_line_error():
-    proc = subprocess.run([sys.executable, "-m", "hvd_elastic.bench", "--policies", "bsp,fastest"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--policies", "bsp,fastest"], cwd=ROOT,
                           env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
     assert proc.returncode == 2
     assert "--policies: unknown ['fastest']; accepted: horovod,bsp,asp" in proc.stdout
-    proc = subprocess.run([sys.executable, "-m", "hvd_elastic.bench", "--task", "mnist1d", "--frontends", "keras"],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--task", "mnist1d", "--frontends", "keras"],
                           cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "--frontends keras: only with --task digits" in proc.stdout

@@ -27,7 +27,7 @@ BOUND = {"asp": 2.5, "ssp": 2.5, "dssp": 2.5, "zipline": 2.5, "wbsp": 10}
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from hvd_elastic.bench.mnist1d_task import write_data
+    from benchmarks.mnist1d_task import write_data
     path = tmp_path_factory.mktemp("mnist1d") / "mnist1d.npz"
     write_data(str(path))
     return str(path)

@@ -5,11 +5,12 @@ it has none) and (b) a metadata table in which each rank fills only its own row,
 every rank's clock, last push time and iteration time. Every rank receives the same ticks in the same order, which
 is what lets every rank apply the same updates and take the same scheduling decisions.
 
-Metadata first: a tick in which nobody pushed moves no model-sized buffer. After an empty tick the next tick is a
-metadata-only allreduce (a few hundred words); if its table shows a push count above zero, the payload follows at
-once in a second allreduce. After a non-empty tick the next tick sends payload and metadata together in one
-allreduce (busy phases pay one collective per tick, as before). The choice depends only on the previous tick's
-table, which every rank holds identically, so every rank issues the same collectives in the same order.
+Metadata first: a tick in which nobody pushed moves no model-sized buffer. A tick is a metadata-only allreduce
+(a few hundred words); if its table shows a push count above zero, the payload follows at once in a second
+allreduce. While most recent ticks were non-empty (at least half of the last BUSY_WINDOW), ticks send payload and
+metadata together in one allreduce instead (busy phases pay one collective per tick; an empty tick then moves a
+zero payload). The choice depends only on past ticks' tables, which every rank holds identically, so every rank
+issues the same collectives in the same order.
 
 Buffers: the update buffers are the frontend's own tensors (engine/buffers.py), preallocated and reused: pushes
 accumulate in place into the pending buffer; a tick swaps it for a zeroed spare; the training thread gives each
@@ -46,6 +47,7 @@ META_COLUMNS = 6
 META_PIECES = 4   # 16-bit pieces per int64
 _BASE = 1 << 16
 POOL_LIMIT = 2    # recycled buffers kept for reuse (beyond them, given back to the allocator)
+BUSY_WINDOW = 8   # past ticks that decide whether the payload rides with the metadata
 
 
 def encode_meta(meta: np.ndarray, out: np.ndarray):
@@ -230,7 +232,8 @@ class Ticker:
             idle_s = self.tick_s
             index = 0
             last = 0.0
-            full = False     # payload rides with the metadata (the previous tick was non-empty, on every rank)
+            full = False     # payload rides with the metadata (most recent ticks were non-empty, on every rank)
+            recent: Deque[bool] = collections.deque(maxlen=BUSY_WINDOW)   # non-empty flags of the last ticks
             buffers, numel = self.buffers, self.numel
             while True:
                 wait = last + idle_s - time.monotonic()
@@ -273,7 +276,8 @@ class Ticker:
                     send = None
                 dt = time.perf_counter() - t0
                 tick = Tick(index, buffers.head(send, numel) if total else None, meta, dt, send if total else None)
-                full = total > 0
+                recent.append(total > 0)
+                full = 2 * sum(recent) >= BUSY_WINDOW
                 with self._lock:
                     self.ticks += 1
                     self.comm_s += dt

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from hvd_elastic.bench import decisions as D
+from benchmarks import decisions as D
 
 
 def test_barrier_benchmark_checks_zipline_against_fullgridscan_and_skips_over_budget():

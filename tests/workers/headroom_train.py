@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import hvd_elastic.torch as hvde
-from hvd_elastic.bench.mnist1d_task import torch_model
+from benchmarks.mnist1d_task import torch_model
 
 
 def main():

@@ -1,4 +1,4 @@
-"""The benchmark's MNIST-1D task (``python -m hvd_elastic.bench --task mnist1d``): data and model.
+"""The benchmark's MNIST-1D task (``python -m benchmarks --task mnist1d``): data and model.
 
 MNIST-1D (Greydanus, 2020) is generated here with the ``mnist1d`` package, never downloaded: ten 1-D templates of
 length 12, padded, scaled, shifted, sheared and noised into sequences of 40 values. 10000 samples (the package's

@@ -1,6 +1,6 @@
 """One Keras benchmark job (a rank of it): the torch worker's MLP and data under Keras 3 ``model.fit``, policy from
 HVD_ELASTIC_POLICY (bsp is the reference here: Horovod's own Keras layer does not work with Keras 3). Launched by
-``python -m hvd_elastic.bench``; not a user API. Same emulation and outputs as hvd_elastic/bench/torch_worker.py.
+``python -m benchmarks``; not a user API. Same emulation and outputs as benchmarks/torch_worker.py.
 """
 import json
 import os
@@ -15,7 +15,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import keras  # noqa: E402
 
 import hvd_elastic.keras as hvdk  # noqa: E402
-from hvd_elastic.bench.matrix import worker_arguments, worker_straggler  # noqa: E402
+from benchmarks.matrix import worker_arguments, worker_straggler  # noqa: E402
 
 
 class Bench(keras.callbacks.Callback):

@@ -1,6 +1,6 @@
 """One benchmark job (a rank of it): a model of the chosen task (--task digits: an MLP on scikit-learn's digits;
 --task mnist1d: a 1-D CNN on MNIST-1D) under one policy and one heterogeneity profile, launched by
-``python -m hvd_elastic.bench`` with mpirun or horovodrun. Not a user API.
+``python -m benchmarks`` with mpirun or horovodrun. Not a user API.
 
 The policy comes from HVD_ELASTIC_POLICY (set by the driver), or ``--impl horovod`` for plain
 ``horovod.torch.DistributedOptimizer`` (the reference; timed here with the plugin's Telemetry, the same split as
@@ -25,13 +25,13 @@ import torch
 import torch.nn.functional as F
 
 import hvd_elastic.torch as hvde
-from hvd_elastic.bench.matrix import worker_arguments, worker_straggler
+from benchmarks.matrix import worker_arguments, worker_straggler
 from hvd_elastic.telemetry import Telemetry, finish_report
 
 
 def build_model(task: str) -> torch.nn.Module:
     if task == "mnist1d":
-        from hvd_elastic.bench.mnist1d_task import torch_model
+        from benchmarks.mnist1d_task import torch_model
         return torch_model()
     return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
                                torch.nn.ReLU(), torch.nn.Linear(256, 10))

@@ -1,7 +1,7 @@
 """Decision cost of the native scheduler, beside the ElasticBSP paper's Table II, and predictor accuracy.
 
-    python -m hvd_elastic.bench.decisions            # full run (a few minutes; FullGridScan cells dominate)
-    python -m hvd_elastic.bench.decisions --quick    # smoke run (a few seconds)
+    python -m benchmarks.decisions            # full run (a few minutes; FullGridScan cells dominate)
+    python -m benchmarks.decisions --quick    # smoke run (a few seconds)
 
 Prints three Markdown tables (docs/native.md keeps a copy of a full run):
   1. ZipLine, GridScan and FullGridScan for n in {10, 100, 1000, 10000} and R in {15, 150}, with the paper's

@@ -1,1 +1,0 @@
-"""Benchmarks of the native scheduler. Run ``python -m hvd_elastic.bench.decisions`` (``--quick`` for a smoke run)."""

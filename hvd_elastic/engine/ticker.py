@@ -5,12 +5,16 @@ it has none) and (b) a metadata table in which each rank fills only its own row,
 every rank's clock, last push time and iteration time. Every rank receives the same ticks in the same order, which
 is what lets every rank apply the same updates and take the same scheduling decisions.
 
-Metadata first: a tick in which nobody pushed moves no model-sized buffer. A tick is a metadata-only allreduce
-(a few hundred words); if its table shows a push count above zero, the payload follows at once in a second
-allreduce. While most recent ticks were non-empty (at least half of the last BUSY_WINDOW), ticks send payload and
-metadata together in one allreduce instead (busy phases pay one collective per tick; an empty tick then moves a
-zero payload). The choice depends only on past ticks' tables, which every rank holds identically, so every rank
-issues the same collectives in the same order.
+Metadata first: a tick in which nobody pushed moves no model-sized buffer. A tick is normally a *probe*: a
+metadata-only allreduce (a few hundred words) that delivers nothing and tells every rank what each rank has
+pending. When the table shows pending pushes, every rank decides -- from the table alone, so identically -- to
+release them: the next tick is then a *full* tick, payload and metadata in one allreduce, issued at once. The
+release waits (at most HOLD_FRACTION of the pushing ranks' step period, measured from the first pending push) for
+ranks that are due to push within that window (last push + measured push period), so that equally fast ranks
+land in the same payload instead of one payload each; ranks not due (a straggler) are never waited for. While most
+recent ticks carried or announced pushes (BUSY of the last BUSY_WINDOW: pushes arrive faster than ticks), ticks are full
+without probes (one collective per tick; an empty full tick moves a zero payload). Every choice depends only on
+past tables, which every rank holds identically, so every rank issues the same collectives in the same order.
 
 Buffers: the update buffers are the frontend's own tensors (engine/buffers.py), preallocated and reused: pushes
 accumulate in place into the pending buffer; a tick swaps it for a zeroed spare; the training thread gives each
@@ -37,9 +41,11 @@ import numpy as np
 from ..errors import HvdElasticError
 from .buffers import NumpyBuffers
 
-# Metadata columns, one row per rank (int64).
-COUNT, CLOCK, LAST_PUSH_NS, INTERVAL_NS, FINISHED, SEQ = range(6)
-META_COLUMNS = 6
+# Metadata columns, one row per rank (int64). COUNT: pushes this tick delivers; CLOCK: own pushes delivered up to
+# and including this tick; PENDING / PENDING_SINCE_NS: pushes waiting (probes only) and when the first of them came;
+# NOW_NS: the row's snapshot time; PERIOD_NS: measured time between the rank's pushes (moving average).
+COUNT, CLOCK, LAST_PUSH_NS, INTERVAL_NS, FINISHED, SEQ, PENDING, PENDING_SINCE_NS, NOW_NS, PERIOD_NS = range(10)
+META_COLUMNS = 10
 # The metadata travels in a buffer of the update's dtype (with the payload in busy phases: one allreduce, one
 # dtype, since Horovod only fuses tensors of one dtype and on Gloo every extra collective costs milliseconds). Each
 # int64 (all values are >= -1) is stored as value + 1 in four 16-bit pieces, which float32 and float64 hold
@@ -47,7 +53,27 @@ META_COLUMNS = 6
 META_PIECES = 4   # 16-bit pieces per int64
 _BASE = 1 << 16
 POOL_LIMIT = 2    # recycled buffers kept for reuse (beyond them, given back to the allocator)
-BUSY_WINDOW = 8   # past ticks that decide whether the payload rides with the metadata
+BUSY_WINDOW, BUSY = 8, 6   # full ticks without probes while BUSY of the last BUSY_WINDOW ticks had pushes
+HOLD_FRACTION = 0.25       # a release waits at most this fraction of the pushers' step period for due peers
+
+
+def release(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> bool:
+    """After a probe with this table: send the pending pushes in a full tick now (True) or probe again (False).
+    Now, unless some rank with nothing pending is due to push within the hold window and the oldest pending push
+    has waited less than that window. A function of the table only: every rank decides the same."""
+    pending = meta[:, PENDING] > 0
+    if not pending.any():
+        return False
+    periods = meta[pending, PERIOD_NS]
+    if (periods <= 0).any():
+        return True                              # a pusher's period is not measured yet
+    hold = hold_fraction * float(periods.min())
+    now = float(meta[:, NOW_NS].max())
+    if now - float(meta[pending, PENDING_SINCE_NS].min()) >= hold:
+        return True
+    idle = ~pending & (meta[:, FINISHED] == 0) & (meta[:, PERIOD_NS] > 0) & (meta[:, LAST_PUSH_NS] >= 0)
+    due = meta[idle, LAST_PUSH_NS] + meta[idle, PERIOD_NS] <= now + hold
+    return not due.any()
 
 
 def encode_meta(meta: np.ndarray, out: np.ndarray):
@@ -113,6 +139,9 @@ class Ticker:
         self._clock = 0
         self._last_push_ns = -1
         self._interval_ns = -1
+        self._pending_since_ns = -1
+        self._sent_push_ns = -1        # time of the last push inside a sent (full) tick
+        self._period_ns = -1
         self._finished = False
         self._completed: Deque[Tick] = collections.deque()
         self._delivered_clock = 0      # own pushes that are inside a completed tick
@@ -143,10 +172,16 @@ class Ticker:
             if self._finished:
                 raise TickerError("push after finish()")
             accumulate(self.buffers.head(self._pending, self.numel))
+            now_ns = self.now_ns()
+            if self._pending_count == 0:
+                self._pending_since_ns = now_ns
+            if self._last_push_ns >= 0:
+                gap = now_ns - self._last_push_ns
+                self._period_ns = gap if self._period_ns <= 0 else int(self._period_ns + 0.2 * (gap - self._period_ns))
             self._pending_count += 1
             self._clock += 1
             self._push_times.append(time.perf_counter())
-            self._last_push_ns = self.now_ns()
+            self._last_push_ns = now_ns
             self._interval_ns = int(interval_ns)
             return self._clock
 
@@ -232,27 +267,36 @@ class Ticker:
             idle_s = self.tick_s
             index = 0
             last = 0.0
-            full = False     # payload rides with the metadata (most recent ticks were non-empty, on every rank)
+            release_now = False   # the last probe released the pending pushes: a full tick follows at once
             recent: Deque[bool] = collections.deque(maxlen=BUSY_WINDOW)   # non-empty flags of the last ticks
             buffers, numel = self.buffers, self.numel
             while True:
                 wait = last + idle_s - time.monotonic()
-                if wait > 0:
+                if wait > 0 and not release_now:
                     with self._lock:   # a finish() wakes us early so shutdown is prompt
                         if not self._finished:
                             self._lock.wait(wait)
                 last = time.monotonic()
-                if self._spare is None:
+                full = release_now or sum(recent) >= BUSY
+                release_now = False
+                if full and self._spare is None:
                     self._spare = self._zeroed_buffer()
+                send = None
                 with self._lock:
                     self.in_flight = True
-                    count, self._pending_count = self._pending_count, 0
-                    send = None
-                    if full or count:
-                        send, self._pending, self._spare = self._pending, self._spare, None
+                    count = self._pending_count
                     meta = np.full((self.size, META_COLUMNS), -1, np.int64)   # encodes to zeros
-                    meta[self.rank] = (count, self._clock, self._last_push_ns, self._interval_ns,
-                                       int(self._finished), index)
+                    if full:            # deliver everything pending
+                        send, self._pending, self._spare = self._pending, self._spare, None
+                        self._pending_count = 0
+                        self._sent_push_ns = self._last_push_ns
+                        row = (count, self._clock, 0, -1)
+                    else:               # probe: deliver nothing, announce what is pending
+                        row = (0, self._clock - count, count, self._pending_since_ns if count else -1)
+                    # LAST_PUSH_NS: of the last push sent, so that it always goes with CLOCK (the policies predict
+                    # a rank's next pushes from both).
+                    meta[self.rank] = (row[0], row[1], self._sent_push_ns, self._interval_ns, int(self._finished),
+                                       index, row[2], row[3], self.now_ns(), self._period_ns)
                 encode_meta(meta, self._words)
                 t0 = time.perf_counter()
                 carrier = send if full else self._meta_buffer
@@ -263,28 +307,23 @@ class Ticker:
                 if not (meta[:, SEQ] == index).all():
                     raise TickerError(f"ranks are out of step at tick {index}: {meta[:, SEQ].tolist()}")
                 total = int(meta[:, COUNT].sum())
-                if total and not full:          # the table announced updates: the payload follows
-                    if send is None:            # this rank has none: it adds zeros
-                        send, self._spare = (self._spare, None) if self._spare is not None else \
-                            (self._zeroed_buffer(), None)
-                    self._reduce(send, self.name)
+                pending = int(meta[:, PENDING].sum())
                 if total:
                     self.payload_collectives += 1
-                elif send is not None:          # an empty tick's buffer sums zeros: it stays a zeroed spare
-                    if self._spare is None:
-                        self._spare = send
-                    send = None
+                elif send is not None:          # an empty full tick's buffer sums zeros: it stays a zeroed spare
+                    self._spare, send = send, None
+                release_now = not full and release(meta)
                 dt = time.perf_counter() - t0
                 tick = Tick(index, buffers.head(send, numel) if total else None, meta, dt, send if total else None)
-                recent.append(total > 0)
-                full = 2 * sum(recent) >= BUSY_WINDOW
+                recent.append(total > 0 or pending > 0)
                 with self._lock:
                     self.ticks += 1
                     self.comm_s += dt
                     if total:
                         self.nonempty_ticks += 1
                     self.delivered_total += total
-                    self.mean_count += 0.2 * (total - self.mean_count)
+                    if full:
+                        self.mean_count += 0.2 * (total - self.mean_count)
                     self.in_flight = False
                     delivered = int(meta[self.rank, CLOCK])
                     now = time.perf_counter()
@@ -294,13 +333,13 @@ class Ticker:
                             self.push_latency_s + 0.2 * (latency - self.push_latency_s)
                     self._delivered_clock = delivered
                     self._completed.append(tick)
-                    done = bool(meta[:, FINISHED].all()) and total == 0
+                    done = bool(meta[:, FINISHED].all()) and total == 0 and pending == 0
                     if done:
                         self._stopped = True
                     self._lock.notify_all()
                 if done:
                     return
-                idle_s = self.tick_s if total else min(idle_s * 2, self.max_idle_s)
+                idle_s = self.tick_s if total or pending else min(idle_s * 2, self.max_idle_s)
                 index += 1
         except BaseException as e:  # surfaced on the training thread at its next call
             with self._lock:

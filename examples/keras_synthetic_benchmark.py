@@ -50,13 +50,15 @@ class TimingCallback(keras.callbacks.Callback):
     def __init__(self, images_of_step, log):
         super().__init__()
         self.images_of_step, self.log = images_of_step, log
-        self.img_secs = []
+        self.img_secs, self.taken = [], 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self.images, self.start = 0, timer()
 
     def on_train_batch_begin(self, batch, logs=None):
-        self.images += self.images_of_step()     # lbbsp: the size decided after the previous step
+        b = self.images_of_step()                # lbbsp: the size decided after the previous step
+        self.images += b
+        self.taken += b
 
     def on_epoch_end(self, epoch, logs=None):
         img_sec = self.images / (timer() - self.start)
@@ -138,7 +140,8 @@ def main():
     log(f"Img/sec per rank: {np.mean(means):.1f} +-{np.mean(confs):.1f}")
     log(f"Total img/sec on {hvd.size()} ranks: {sum(means):.1f} +-{sum(confs):.1f}")
     if policy == "lbbsp":
-        log(f"lbbsp: global batch {global_batch}, last batch sizes {hvde.batch_sizes(opt)}")
+        taken = hvd.allgather_object(timing.taken)  # every step, warm-up epoch included: B a step over the ranks
+        log(f"lbbsp: global batch {global_batch}, last batch sizes {hvde.batch_sizes(opt)}, images taken {taken}")
 
 
 if __name__ == "__main__":

@@ -126,7 +126,9 @@ def main():
     log(f"Img/sec per rank: {np.mean(means):.1f} +-{np.mean(confs):.1f}")
     log(f"Total img/sec on {hvd.size()} ranks: {sum(means):.1f} +-{sum(confs):.1f}")
     if policy == "lbbsp":
-        log(f"lbbsp: global batch {global_batch}, last batch sizes {hvde.batch_sizes(optimizer)}")
+        taken = hvd.allgather_object(images[0])     # every step, warm-up included: B a step over the ranks
+        log(f"lbbsp: global batch {global_batch}, last batch sizes {hvde.batch_sizes(optimizer)}, "
+            f"images taken {taken}")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ def run_cell(policy, params_m, ranks, steps, timeout):
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}
-    lines = [l for l in out.stdout.splitlines() if l.startswith("SCALE ")]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("SCALE ")]
     if out.returncode != 0 or not lines:
         return {"error": f"exit {out.returncode}: {(out.stdout + out.stderr)[-600:]}"}
     res = json.loads(lines[-1][len("SCALE "):])

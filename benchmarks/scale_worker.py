@@ -42,14 +42,16 @@ def main():
     model, width = build(args.params)
     numel = sum(p.numel() for p in model.parameters())
     sgd = torch.optim.SGD(model.parameters(), lr=0.001 * size, momentum=0.9)
+    lbbsp = False
     if args.impl == "horovod":
         opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
-        batch_of = lambda: args.batch
     else:
         import hvd_elastic.torch as hvde
         opt = hvde.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
-        policy = opt._hvd_elastic.cfg.policy
-        batch_of = (lambda: hvde.batch_sizes(opt)[rank]) if policy == "lbbsp" else (lambda: args.batch)
+        lbbsp = opt._hvd_elastic.cfg.policy == "lbbsp"
+
+    def batch_of():
+        return hvde.batch_sizes(opt)[rank] if lbbsp else args.batch
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     gen = torch.Generator().manual_seed(rank)

@@ -96,26 +96,37 @@ class LbbspController:
         self.buffer = np.zeros(self.numel + self.size * _META * META_PIECES, dtype)
         return self.buffer
 
+    @property
+    def table_words(self) -> int:
+        """Length of the encoded (n x _META) table of every rank's (step ns, samples, pass start)."""
+        return self.size * _META * META_PIECES
+
+    def encode_row(self, compute_s: float, out: np.ndarray):
+        """Write this rank's row of the table into `out` (table_words long; the other rows zero), so that a Sum
+        over ranks is an allgather: each row has exactly one contributor and every 16-bit piece is exact in
+        float32/float64."""
+        out[:] = 0
+        r0 = self.rank * _META * META_PIECES
+        encode_meta(np.array([int(compute_s * 1e9), self.local_batch(), int(self.pass_start)], np.int64),
+                    out[r0:r0 + _META * META_PIECES])
+
+    def decode_table(self, words: np.ndarray) -> np.ndarray:
+        return decode_meta(words, self.size, _META)
+
     def exchange(self, grad: np.ndarray, compute_s: float,
                  allreduce: Callable[[], None]) -> Tuple[np.ndarray, np.ndarray, float]:
         """One synchronous step's collective: `grad` is this rank's mean gradient over its local batch, `allreduce`
-        Sum-reduces :attr:`buffer` in place on every rank. Returns (the gradient over the global batch, the table
-        of every rank's (step ns, samples, pass start), seconds blocked in the collective). Call :meth:`update`
-        with the table once the gradient is applied."""
+        Sum-reduces :attr:`buffer` ([b_p g_p | table]) in place on every rank. Returns (the gradient over the
+        global batch, the table of every rank's (step ns, samples, pass start), seconds blocked in the collective).
+        Call :meth:`update` with the table once the gradient is applied."""
         b, numel, buf = self.local_batch(), self.numel, self.buffer
         buf[:numel] = grad
         buf[:numel] *= b
-        buf[numel:] = 0
-        # This rank's row of the (n x _META) table; the others' rows stay zero, so the Sum is an allgather (each
-        # row has exactly one contributor and every 16-bit piece is exact in float32/float64).
-        row = np.zeros(_META * META_PIECES, buf.dtype)
-        encode_meta(np.array([int(compute_s * 1e9), b, int(self.pass_start)], np.int64), row)
-        r0 = numel + self.rank * _META * META_PIECES
-        buf[r0:r0 + _META * META_PIECES] = row
+        self.encode_row(compute_s, buf[numel:])
         t0 = time.perf_counter()
         allreduce()
         blocked = time.perf_counter() - t0
-        table = decode_meta(buf[numel:], self.size, _META)
+        table = self.decode_table(buf[numel:])
         return buf[:numel] / int(table[:, 1].sum()), table, blocked
 
     def step(self, session, grad: np.ndarray, allreduce: Callable[[], None], apply: Callable[[np.ndarray], None]):
@@ -129,6 +140,26 @@ class LbbspController:
         self.update(table)
         t2 = time.perf_counter()
         session.telemetry.add_step(compute + (t2 - t1), blocked)
+        session.last_step_end = t2
+
+    def step_overlapped(self, session, reduce_table: Callable[[np.ndarray], np.ndarray],
+                        wait_gradients: Callable[[], None], apply: Callable[[int], None]):
+        """One lbbsp step of a frontend whose weighted gradients b_p g_p were already submitted for reduction
+        during backward (per-parameter hooks, as Horovod overlaps bsp): this rank's compute time (with the
+        emulated per-sample delay), the table's allreduce (`reduce_table(words) -> summed words`),
+        `wait_gradients()` for the summed b_p g_p, `apply(B)` (divide by the global batch B = sum_p b_p, then the
+        user's optimizer step), the next sizes, the step's telemetry."""
+        compute = session.begin_step(samples=self.local_batch())
+        words = np.zeros(self.table_words, np.float64)
+        self.encode_row(compute, words)
+        t0 = time.perf_counter()
+        table = self.decode_table(reduce_table(words))
+        wait_gradients()
+        t1 = time.perf_counter()
+        apply(int(table[:, 1].sum()))
+        self.update(table)
+        t2 = time.perf_counter()
+        session.telemetry.add_step(compute + (t2 - t1), t1 - t0)
         session.last_step_end = t2
 
     @property

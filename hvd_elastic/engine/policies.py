@@ -321,8 +321,8 @@ class Wbsp(Policy):
                                                "wbsp_stale_downloads": self.stale_downloads})
 
 
-POLICIES: Dict[str, Type[Policy]] = {cls.name: cls for cls in (Asp, Ssp, Dssp, Zipline, Wbsp)}
+RELAXED_POLICIES: Dict[str, Type[Policy]] = {cls.name: cls for cls in (Asp, Ssp, Dssp, Zipline, Wbsp)}
 
 
 def make_policy(cfg) -> Policy:
-    return POLICIES[cfg.policy](cfg)
+    return RELAXED_POLICIES[cfg.policy](cfg)

@@ -26,7 +26,7 @@ import tensorflow as tf
 from .. import config as _config
 from ..engine.buffers import NumpyBuffers
 from ..engine.engine import SyncEngine
-from ..engine.policies import POLICIES as RELAXED_POLICIES, make_policy
+from ..engine.policies import RELAXED_POLICIES, make_policy
 from ..errors import ConfigError, HvdElasticError
 from ..session import Session
 
@@ -265,9 +265,9 @@ def check_horovod_arguments(policy: str, args: Dict[str, Any]) -> Dict[str, Any]
     """Horovod's Keras DistributedOptimizer arguments under `policy`, with Horovod's meaning under bsp (the gradient
     exchange is Horovod's grouped allreduce, given compression, op, the predivide factor and devices); elsewhere
     only the defaults (a one-line ConfigError names the others and policy bsp). ``name`` (op names only),
-    ``groups`` / ``num_groups`` (one group anyway: bsp's grouped allreduce, the relaxed policies' tick), ``sparse_as_dense`` (bsp always
-    densifies: the same values as Horovod's sparse allgather) and ``scale_local_gradients`` (no local variables
-    here) change nothing."""
+    ``groups`` / ``num_groups`` (one group anyway: bsp's grouped allreduce, the relaxed policies' tick),
+    ``sparse_as_dense`` (bsp always densifies: the same values as Horovod's sparse allgather) and
+    ``scale_local_gradients`` (no local variables here) change nothing."""
     args = {**HOROVOD_KERAS_ARGUMENTS, **args}
     if policy == "bsp":
         if args["gradient_predivide_factor"] != 1.0 and args["op"] != hvd.Average:

@@ -18,51 +18,94 @@ from typing import List
 import horovod.torch as hvd
 import torch
 
+from ..errors import HvdElasticError
 from ..lbbsp import BatchPlan, LbbspController
 from .buffers import FlatParams
+from .wrapping import refuse_sparse_gradients, refuse_unsupported_arguments, wrap_class
 
-def _refuse_sparse_gradients(opt, policy):
-    from .optimizer import _refuse_sparse_gradients as refuse
-    refuse(opt, policy)
+class _Overlap:
+    """LB-BSP's exchange overlapped with backward, as Horovod overlaps bsp: a post-accumulate-grad hook per
+    parameter scales its gradient by this rank's batch size b_p and submits its Sum allreduce at once (Horovod
+    negotiates by name, so the order in which gradients become ready may differ across ranks); step() then only
+    reduces the small table of (step time, b_p, pass start), waits for the gradients and divides them by
+    B = sum_p b_p. One backward per step: a second gradient of the same parameter before step() is an error."""
+
+    def __init__(self, optimizer, ctl: LbbspController, params):
+        self.optimizer, self.ctl, self.params = optimizer, ctl, params
+        self.handles = {}
+        self._index = {id(p): i for i, p in enumerate(params)}
+        self.hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in params]
+
+    def _name(self, p) -> str:
+        """The parameter's Horovod name (the optimizer's named_parameters), the same on every rank."""
+        name = self.optimizer._parameter_names.get(p)
+        return name if name is not None else f"p{self._index[id(p)]}"
+
+    def _submit(self, p):
+        if p.grad.is_sparse:
+            refuse_sparse_gradients(self.optimizer, "lbbsp")
+        p.grad.mul_(self.ctl.local_batch())
+        self.handles[p] = hvd.allreduce_async_(p.grad, op=hvd.Sum, name=f"hvd_elastic.lbbsp.{self._name(p)}")
+
+    def _ready(self, p):
+        if p in self.handles:
+            raise HvdElasticError(f"policy lbbsp: the gradient of parameter {self._name(p)!r} was computed twice "
+                                  f"before optimizer.step(): one backward per step (gradient accumulation, "
+                                  f"backward_passes_per_step, is policy bsp only)")
+        self._submit(p)
+
+    def step(self, session):
+        with torch.no_grad():
+            for p in self.params:        # parameters without a gradient this step add zeros, on every rank alike
+                if p not in self.handles:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    self._submit(p)
+
+        def reduce_table(words):
+            return hvd.allreduce(torch.from_numpy(words), op=hvd.Sum, name="hvd_elastic.lbbsp.table").numpy()
+
+        def wait_gradients():
+            for h in self.handles.values():
+                hvd.synchronize(h)
+            self.handles.clear()
+
+        def apply(total):
+            with torch.no_grad():
+                torch._foreach_div_([p.grad for p in self.params], total)
+            self.optimizer._hvd_elastic_inner_step()
+
+        self.ctl.step_overlapped(session, reduce_table, wait_gradients, apply)
 
 
 def _lbbsp_step(self, closure=None):
-    """step() under lbbsp: one synchronous weighted allreduce, the user's optimizer step, the next sizes."""
-    session, flat, tensor = self._hvd_elastic, self._hvd_elastic_flat, self._hvd_elastic_tensor
+    """step() under lbbsp: the gradients' weighted allreduces (submitted during backward) and the table's, the
+    user's optimizer step over the global-batch gradient, the next sizes."""
     self._hvd_elastic_begin_step()      # Horovod's synchronize()/step() warning
     loss = None
     if closure is not None:
         with torch.enable_grad():
             loss = closure()
-
-    def apply(grad):
-        flat.set_gradients(grad)
-        self._hvd_elastic_inner_step()
-
-    _refuse_sparse_gradients(self, "lbbsp")
-    session.lbbsp.step(session, flat.gradients(),
-                       lambda: hvd.allreduce_(tensor, op=hvd.Sum, name="hvd_elastic.lbbsp"), apply)
+    self._hvd_elastic_overlap.step(self._hvd_elastic)
     return loss
 
 
 def build_lbbsp(optimizer, session, *, compression, op, gradient_predivide_factor, sparse_as_dense, process_set,
                 backward_passes_per_step):
-    from .optimizer import refuse_unsupported_arguments, wrap_class
     refuse_unsupported_arguments("lbbsp", compression=compression, op=op,
                                  gradient_predivide_factor=gradient_predivide_factor,
                                  sparse_as_dense=sparse_as_dense, process_set=process_set,
                                  op_note="only Average: lbbsp weights each rank by its batch size",
                                  also=["backward_passes_per_step"] if backward_passes_per_step != 1 else [])
-    ctl = session.lbbsp
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    flat = FlatParams(params)
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    flat = FlatParams(params)   # checks: one dtype, one device
     # Same reason as the relaxed policies: horovod.torch.broadcast_optimizer_state's dummy step must call the
     # wrapped optimizer's own step, not ours (which would run a collective on one side only). synchronize() is
     # Horovod's protocol with nothing to exchange: lbbsp synchronizes inside step().
     wrap_class(optimizer, _lbbsp_step)
     optimizer._hvd_elastic_flat = flat
-    optimizer._hvd_elastic_tensor = torch.from_numpy(ctl.bind(flat.numel, flat.dtype))
     hvd.broadcast_parameters({f"p{i}": p for i, p in enumerate(flat.params)}, root_rank=0)
+    optimizer._hvd_elastic_overlap = _Overlap(optimizer, session.lbbsp, flat.params)
     return optimizer
 
 

@@ -19,7 +19,6 @@ import itertools
 import sys
 import time
 import types
-import warnings
 from typing import Any, Dict, List
 
 import horovod.torch as hvd
@@ -31,27 +30,15 @@ from horovod.torch.optimizer import DistributedOptimizer as _HOROVOD_DISTRIBUTED
 
 from .. import config as _config
 from ..engine.engine import SyncEngine
-from ..engine.policies import POLICIES as RELAXED_POLICIES, make_policy
+from ..engine.policies import RELAXED_POLICIES, make_policy
 from ..errors import ConfigError, HvdElasticError
 from ..session import Session
 from .buffers import FlatParams
+from .wrapping import (horovod_argument_checks, parameter_names, refuse_sparse_gradients, refuse_unsupported_arguments,
+                       wrap_class)
 
 # Policies this frontend can run; the configuration recognises every policy of the design.
 IMPLEMENTED_POLICIES = ("bsp", "lbbsp") + tuple(RELAXED_POLICIES)
-# horovod.torch.broadcast_optimizer_state() calls the wrapped optimizer's own step (not ours) for classes of this
-# module; our optimizer classes declare it (see _build_relaxed).
-HOROVOD_OPTIMIZER_MODULE = _HOROVOD_DISTRIBUTED_OPTIMIZER.__module__
-
-# Horovod's messages, word for word (horovod/torch/optimizer.py, v0.28.1), for the checks it makes.
-_MSG_NOT_TUPLES = ("named_parameters should be a sequence of tuples (name, parameter), usually produced by "
-                   "model.named_parameters().")
-_MSG_DUPLICATES = "Parameter names in named_parameters must be unique. Found duplicates: %s"
-_MSG_UNNAMED = ("named_parameters was specified, but one or more model parameters were not named. Python object "
-                "ids: %s")
-_MSG_STEP_AFTER_SYNCHRONIZE = ("optimizer.step() called without optimizer.skip_synchronize() context after "
-                               "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
-                               "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in your "
-                               "code.")
 
 
 # ---- bsp ---------------------------------------------------------------------------------------------------------
@@ -82,94 +69,12 @@ def _instrument_bsp(opt, session: Session):
     return opt
 
 
-# ---- Horovod's argument checks -----------------------------------------------------------------------------------
-def parameter_names(optimizer, named_parameters) -> Dict[torch.Tensor, str]:
-    """Horovod's checks of ``named_parameters`` (same ValueErrors, same messages) and its parameter -> name map; names
-    default to Horovod's ``allreduce.noname.<group>.<index>`` (identical on every rank)."""
-    if named_parameters is not None:
-        named_parameters = list(named_parameters)
-    else:
-        named_parameters = [(f"allreduce.noname.{i}.{j}", v) for i, group in enumerate(optimizer.param_groups)
-                            for j, v in enumerate(group["params"])]
-    if any(not isinstance(p, tuple) for p in named_parameters):
-        raise ValueError(_MSG_NOT_TUPLES)
-    seen, dups = set(), set()
-    for name, _ in named_parameters:
-        (dups if name in seen else seen).add(name)
-    if dups:
-        raise ValueError(_MSG_DUPLICATES % ", ".join(dups))
-    # Built as Horovod builds it (a set difference), so that several ids come out in Horovod's order.
-    unnamed = {id(v) for group in optimizer.param_groups for v in group["params"]} - {id(v) for _, v in named_parameters}
-    if unnamed:
-        raise ValueError(_MSG_UNNAMED % ", ".join(str(i) for i in unnamed))
-    return {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
-
-
-def horovod_argument_checks(op, gradient_predivide_factor, backward_passes_per_step):
-    """The checks horovod.torch.DistributedOptimizer makes before building (same errors, same messages)."""
-    if gradient_predivide_factor != 1.0 and op != hvd.Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if backward_passes_per_step <= 0:
-        raise ValueError("backward_passes_per_step must be > 0")
-
-
-class SynchronizeProtocol:
-    """Horovod's synchronize() / skip_synchronize() protocol for optimizers whose exchange happens elsewhere
-    (relaxed policies: the engine; lbbsp: inside step()). synchronize() exchanges nothing: the gradients stay this
-    rank's own, so clipping between synchronize() and step() clips the local gradient before it is pushed. step()
-    after synchronize() without skip_synchronize() gives Horovod's warning."""
-
-    def synchronize(self):
-        self._synchronized = True
-
-    @contextlib.contextmanager
-    def skip_synchronize(self):
-        self._should_synchronize = False
-        try:
-            yield
-        finally:
-            self._should_synchronize = True
-
-    def set_backward_passes_per_step(self, passes):
-        self.backward_passes_per_step = passes
-
-    def _hvd_elastic_begin_step(self):
-        if getattr(self, "_should_synchronize", True) and getattr(self, "_synchronized", False):
-            warnings.warn(_MSG_STEP_AFTER_SYNCHRONIZE)
-        self._synchronized = False
-
-
-def wrap_class(optimizer, step, extra=None):
-    """Make `optimizer` (same object, same state) an instance of a subclass of its own class with our step(),
-    Horovod's synchronize protocol and Horovod's optimizer module (see HOROVOD_OPTIMIZER_MODULE)."""
-    base = optimizer.__class__
-    attrs = {"step": step, "__module__": HOROVOD_OPTIMIZER_MODULE}
-    for name in ("synchronize", "skip_synchronize", "set_backward_passes_per_step", "_hvd_elastic_begin_step"):
-        attrs[name] = SynchronizeProtocol.__dict__[name]
-    attrs.update(extra or {})
-    optimizer.__class__ = type(base.__name__, (base,), attrs)
-    optimizer._hvd_elastic_base = base
-    optimizer._hvd_elastic_inner_step = types.MethodType(base.step, optimizer)
-    optimizer._synchronized, optimizer._should_synchronize = False, True
-    return optimizer
-
-
 # ---- relaxed policies --------------------------------------------------------------------------------------------
 def _allreduce_sum(tensors, name):
     """In-place Sum allreduce of flat torch tensors over all ranks (the engine's data plane, on the tick thread)."""
     handles = [hvd.allreduce_async_(t, op=hvd.Sum, name=f"{name}.{i}") for i, t in enumerate(tensors)]
     for h in handles:
         hvd.synchronize(h)
-
-
-def _refuse_sparse_gradients(opt, policy):
-    for p in opt._hvd_elastic_flat.params:
-        if p.grad is not None and p.grad.is_sparse:
-            name = opt._parameter_names.get(p, "?")
-            raise ConfigError(f"policy {policy} cannot exchange the sparse gradient of parameter {name!r} (sparse "
-                              f"allreduce and sparse_as_dense are policy bsp only; policy wbsp takes sparse "
-                              f"gradients too): use policy bsp or wbsp, or dense gradients (e.g. "
-                              f"nn.Embedding(sparse=False))")
 
 
 def _relaxed_step(self, closure=None):
@@ -193,7 +98,7 @@ def _relaxed_step(self, closure=None):
         compute += time.perf_counter() - t0
         engine.step(None, compute)
     else:
-        _refuse_sparse_gradients(self, session.cfg.policy)
+        refuse_sparse_gradients(self, session.cfg.policy)
         engine.step(flat.accumulate_gradients, compute)
         if engine.applied_contributions == 0:
             # The optimizer state (momentum, Adam moments) is created by the first applied tick. Waiting for it once
@@ -299,26 +204,6 @@ def _build_relaxed(optimizer, session: Session, names):
     _UNFINISHED.append(session)
     _install_exit_handlers()
     return optimizer
-
-
-def refuse_unsupported_arguments(policy, *, compression, op, gradient_predivide_factor, sparse_as_dense,
-                                 process_set, op_note="only Average", also=()):
-    """Horovod DistributedOptimizer arguments a non-bsp policy cannot honour are an error, never ignored."""
-    unsupported = []
-    if compression is not hvd.Compression.none:
-        unsupported.append("compression")
-    if op != hvd.Average:
-        unsupported.append(f"op ({op_note})")
-    if gradient_predivide_factor != 1.0:
-        unsupported.append("gradient_predivide_factor")
-    if sparse_as_dense:
-        unsupported.append("sparse_as_dense")
-    if process_set is not hvd.global_process_set:
-        unsupported.append("process_set (only the global set)")
-    unsupported.extend(also)
-    if unsupported:
-        raise ConfigError(f"policy {policy} does not support these DistributedOptimizer arguments: "
-                          f"{', '.join(unsupported)}; use policy bsp or the defaults")
 
 
 # ---- end of the process: relaxed optimizers the script never finished ----------------------------------------------

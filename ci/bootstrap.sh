@@ -91,11 +91,12 @@ if ! "$PY" -c 'import horovod, sys; sys.exit(0 if horovod.__version__ == "'$HORO
 fi
 
 # --- 4. hvd-elastic itself (editable; compiles native/ into hvd_elastic._native). ------------------------------------
-# Skipped when this checkout's compiled module is newer than every native source and setup.py. (Tests and the
-# launched ranks put this checkout first on sys.path, so an editable install made from another clone is harmless.)
+# Skipped when this checkout's compiled module is newer than every native source, setup.py and pyproject.toml, and
+# the venv's hvd_elastic is this checkout's (an editable install made from another clone, e.g. a CI clone since
+# deleted, would leave `python examples/...` run from here without the package).
 SO="$(ls "$ROOT"/hvd_elastic/_native*.so 2>/dev/null | head -1 || true)"
-if [ -n "$SO" ] && [ -z "$(find "$ROOT/native" "$ROOT/setup.py" -newer "$SO" -type f | head -1)" ] \
-   && "$PY" -c "import sys; sys.path.insert(0, '$ROOT'); import hvd_elastic._native" 2>/dev/null; then
+if [ -n "$SO" ] && [ -z "$(find "$ROOT/native" "$ROOT/setup.py" "$ROOT/pyproject.toml" -newer "$SO" -type f | head -1)" ] \
+   && (cd / && "$PY" -c "import os, sys, hvd_elastic._native; sys.exit(os.path.realpath(os.path.dirname(hvd_elastic.__file__)) != os.path.realpath('$ROOT/hvd_elastic'))") 2>/dev/null; then
   echo "VENV=$VENV"
   exit 0
 fi

@@ -303,8 +303,9 @@ class Watchdog:
         lost = [q for q in others if self.ranks[q].state == "lost" and self.ranks[q].armed]
         if lost:
             r = self.ranks[lost[0]]
-            self._abort(f"{_ranks(lost)} lost during {_where_text(r.where)} at step {r.steps} (its heartbeat "
-                        f"connection closed without a goodbye: killed or crashed); stopping the job")
+            self._abort(f"{_ranks(lost)} lost (its heartbeat connection closed without a goodbye: killed or "
+                        f"crashed; last step {r.steps}, in {_where_text(r.where)}) while {_ranks([self.rank])} is in "
+                        f"{_where_text(self.me.where)}; stopping the job")
             return
         failed = [q for q in others if self.ranks[q].state == "exited" and self.ranks[q].armed
                   and self.ranks[q].error]

@@ -35,7 +35,8 @@ def inject(step, rank, size, where="step", collective=None):
             return
     elif at == "finish" or int(at) != step:
         return
-    print(f"fault: {fault} on rank {rank} at {where} {step}", flush=True)
+    # The wall-clock time lets a test measure how long the job took to end after the fault.
+    print(f"fault: {fault} on rank {rank} at {where} {step} (time {time.time():.3f})", flush=True)
     sys.stderr.flush()
     time.sleep(float(os.environ.get("TEST_FAULT_DELAY", "0")))
     if fault == "stop":

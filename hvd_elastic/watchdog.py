@@ -341,11 +341,12 @@ class Watchdog:
         outside = [q for q in others if live(q) and self.ranks[q].armed and self.ranks[q].where == USER]
         if outside:
             r = self.ranks[outside[0]]
-            self._abort(f"{_ranks(outside)} stopped making progress (heartbeat alive; in the script's own code for "
-                        f"{now - r.progress:.0f} s after step {r.steps}, while {_ranks([self.rank])} waits in "
-                        f"{_where_text(self.me.where)}: a collective of the script's own inside a relaxed training "
-                        f"loop (e.g. hvd.allreduce between steps) deadlocks it, see docs/horovod-compat.md; or code "
-                        f"that does not return)" + suffix)
+            self._abort(f"{_ranks(outside)} stopped making progress: blocked in the script's own code for "
+                        f"{now - r.progress:.0f} s after step {r.steps} (heartbeat alive) while {_ranks([self.rank])} "
+                        f"waits in {_where_text(self.me.where)}. A Horovod collective of the script's own inside a "
+                        f"relaxed training loop (e.g. hvd.allreduce between steps) deadlocks when the policy holds "
+                        f"another rank: call it before the first step or after finish(opt) (docs/horovod-compat.md); "
+                        f"else that code does not return" + suffix)
             return
         armed = [q for q in range(self.size) if self.ranks[q].armed and (q == self.rank or live(q))] or [self.rank]
         fewest = min(self.ranks[q].steps for q in armed)

@@ -146,7 +146,8 @@ class Watchdog:
         self._send_state()
 
     def goodbye(self):
-        """At interpreter exit (before Horovod's shutdown): tell the others this rank leaves on purpose."""
+        """At interpreter exit (before Horovod's shutdown): tell the others this rank leaves on purpose. A rank that
+        leaves mid-training (armed) gives Horovod's shutdown, which may wait on a dead collective, a bounded time."""
         if self._stop.is_set():
             return
         err = getattr(sys, "last_value", None)
@@ -154,6 +155,25 @@ class Watchdog:
         self.me.state = "exited"
         self._send_state()
         self._stop.set()
+        if self.me.armed:
+            grace = min(self.timeout_s, 30.0)
+
+            def bounded_shutdown():
+                time.sleep(grace)
+                self._die(f"rank {self.rank}: the script ended during training and Horovod's shutdown did not "
+                          f"complete within {grace:g} s (min(HVD_ELASTIC_STALL_TIMEOUT, 30)); exiting")
+
+            threading.Thread(target=bounded_shutdown, name="hvd_elastic-exit", daemon=True).start()
+
+    def forked(self):
+        """In a forked child (a DataLoader worker): drop the parent's connections, so that they close when the
+        parent dies, and watch nothing (the daemon thread does not exist in the child)."""
+        self._stop.set()
+        for s in [self._listener, self._hub, *self._peers]:
+            if s is not None:
+                with contextlib.suppress(OSError):
+                    s.close()
+        self._peers, self._hub, self._listener = {}, None, None
 
     # ---- messages ----------------------------------------------------------------------------------------------
     def _heartbeat(self) -> dict:
@@ -402,6 +422,8 @@ def session_started(timeout_s: float, rank: int, size: int, allgather_object: Ca
         wd = Watchdog(rank, size, timeout_s)
         wd.start(allgather_object)
         _WATCHDOG = wd
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=wd.forked)
     _WATCHDOG.timeout_s = timeout_s
     _WATCHDOG.arm()
     return _WATCHDOG

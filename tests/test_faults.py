@@ -29,7 +29,9 @@ def _run(launcher, policy, fault, step, target=100000, delay=0.02, extra=None):
     end = time.time()
     assert not res.timed_out, "the job hung after the fault:\n" + res.output[-3000:]
     assert res.returncode != 0, res.output[-3000:]
-    return res, end - _fault_time(res)
+    after_fault = end - _fault_time(res)
+    print(f"{launcher} {policy} {fault}: job ended {after_fault:.1f} s after the fault ({res.elapsed:.1f} s in all)")
+    return res, after_fault
 
 
 def _plugin_line_of_rank0(res, *needles):

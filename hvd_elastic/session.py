@@ -27,7 +27,8 @@ class Session:
         # Faults (watchdog.py): heartbeats and the stall rule; collective the first time in a process. A step
         # counts as progress; frontends that know when the script's own code runs mark their steps with
         # watchdog.enter() (else the rank counts as inside its training loop).
-        self.watchdog = _watchdog.session_started(cfg.stall_timeout, rank, size, allgather_object)
+        self.watchdog = _watchdog.session_started(cfg.stall_timeout, rank, size, allgather_object,
+                                                  cfg.policy)
         self.watchdog.enter(_watchdog.UNKNOWN)
         self.telemetry.on_step = self.watchdog.step_done
 

@@ -84,6 +84,7 @@ class Watchdog:
         self._buffers: Dict[socket.socket, bytes] = {}
         self._thread: Optional[threading.Thread] = None
         self._aborting = False
+        self.policy = ""             # the latest session's policy (for the advice in messages)
 
     # ---- start-up (collective) ---------------------------------------------------------------------------------
     def start(self, allgather_object: Callable[[Any], list]):
@@ -361,12 +362,17 @@ class Watchdog:
         outside = [q for q in others if live(q) and self.ranks[q].armed and self.ranks[q].where == USER]
         if outside:
             r = self.ranks[outside[0]]
+            if self.policy in ("bsp", "lbbsp"):
+                hint = ("a pause longer than the timeout (evaluation, checkpointing: raise HVD_ELASTIC_STALL_TIMEOUT) "
+                        "or code that does not return")
+            else:
+                hint = ("a Horovod collective of the script's own inside a relaxed training loop (e.g. hvd.allreduce "
+                        "between steps) deadlocks when the policy holds another rank: call it before the first step "
+                        "or after finish(opt) (docs/horovod-compat.md); else a pause longer than the timeout or code "
+                        "that does not return")
             self._abort(f"{_ranks(outside)} stopped making progress: blocked in the script's own code for "
                         f"{now - r.progress:.0f} s after step {r.steps} (heartbeat alive) while {_ranks([self.rank])} "
-                        f"waits in {_where_text(self.me.where)}. A Horovod collective of the script's own inside a "
-                        f"relaxed training loop (e.g. hvd.allreduce between steps) deadlocks when the policy holds "
-                        f"another rank: call it before the first step or after finish(opt) (docs/horovod-compat.md); "
-                        f"else that code does not return" + suffix)
+                        f"waits in {_where_text(self.me.where)}: {hint}" + suffix)
             return
         armed = [q for q in range(self.size) if self.ranks[q].armed and (q == self.rank or live(q))] or [self.rank]
         fewest = min(self.ranks[q].steps for q in armed)
@@ -414,7 +420,8 @@ def _addresses() -> List[str]:
 _WATCHDOG: Optional[Watchdog] = None
 
 
-def session_started(timeout_s: float, rank: int, size: int, allgather_object: Callable[[Any], list]) -> Watchdog:
+def session_started(timeout_s: float, rank: int, size: int, allgather_object: Callable[[Any], list],
+                    policy: str = "") -> Watchdog:
     """Called by every Session at construction (collective the first time in a process: the hub's address is
     exchanged); arms the watchdog until the session finishes."""
     global _WATCHDOG
@@ -424,7 +431,7 @@ def session_started(timeout_s: float, rank: int, size: int, allgather_object: Ca
         _WATCHDOG = wd
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=wd.forked)
-    _WATCHDOG.timeout_s = timeout_s
+    _WATCHDOG.timeout_s, _WATCHDOG.policy = timeout_s, policy
     _WATCHDOG.arm()
     return _WATCHDOG
 

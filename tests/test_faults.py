@@ -94,3 +94,18 @@ def test_a_pause_shorter_than_the_timeout_is_not_a_stall():
                  env=env, timeout=120)
     assert res.returncode == 0, res.output[-3000:]
     assert "fault: slow on rank 1" in res.output and "hvd_elastic: error" not in res.output, res.output[-3000:]
+
+
+# Keras model.fit under bsp: the gradient allreduce runs inside the compiled train step, where no code of ours runs;
+# the batch callbacks tell the watchdog when a step is on.
+def test_a_stopped_rank_under_keras_fit_bsp_is_named():
+    env = {"HVD_ELASTIC_STALL_TIMEOUT": str(TIMEOUT_S), "HVD_ELASTIC_REPORT": "0",
+           "TEST_FAULT": "stop", "TEST_FAULT_RANK": "1", "TEST_FAULT_STEP": "20"}
+    res = launch("mpirun", 2, "tests/workers/keras_fit.py", ["/tmp", "--mode", "policies", "--policies", "bsp",
+                                                              "--target", 100000], env=env, timeout=150)
+    end = time.time()
+    assert not res.timed_out and res.returncode != 0, res.output[-3000:]
+    _plugin_line_of_rank0(res, "rank 1 stopped making progress", "no heartbeat for")
+    after_fault = end - _fault_time(res)
+    print(f"keras bsp stop: job ended {after_fault:.1f} s after the fault ({res.elapsed:.1f} s in all)")
+    assert TIMEOUT_S - 1.5 <= after_fault < TIMEOUT_S + SLACK_S, after_fault

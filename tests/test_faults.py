@@ -102,7 +102,7 @@ def test_a_stopped_rank_under_keras_fit_bsp_is_named():
     env = {"HVD_ELASTIC_STALL_TIMEOUT": str(TIMEOUT_S), "HVD_ELASTIC_REPORT": "0",
            "TEST_FAULT": "stop", "TEST_FAULT_RANK": "1", "TEST_FAULT_STEP": "20"}
     res = launch("mpirun", 2, "tests/workers/keras_fit.py", ["/tmp", "--mode", "policies", "--policies", "bsp",
-                                                              "--target", 100000], env=env, timeout=150)
+                                                              "--target", 2000], env=env, timeout=150)
     end = time.time()
     assert not res.timed_out and res.returncode != 0, res.output[-3000:]
     _plugin_line_of_rank0(res, "rank 1 stopped making progress", "no heartbeat for")

@@ -47,6 +47,7 @@ class Session:
             if self.engine is not None:
                 self.engine.finish()
             self.watchdog.progress()
+            self.watchdog.enter("finish")     # the report's allgather
             self.report = finish_report(self.telemetry, self._allgather_object, self.cfg.describe(),
                                         print_on_rank0=self.cfg.report, json_path=self.cfg.report_json)
             self.watchdog.enter(_watchdog.USER)

@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import select
+import signal
 import socket
 import sys
 import threading
@@ -54,7 +55,7 @@ def _ranks(qs: List[int]) -> str:
 class _Rank:
     """What this rank knows about one rank (times are this process's time.monotonic())."""
 
-    __slots__ = ("steps", "where", "armed", "state", "heard", "progress", "error")
+    __slots__ = ("steps", "where", "armed", "state", "heard", "progress", "error", "host", "pid")
 
     def __init__(self, now: float):
         self.steps, self.where, self.armed = 0, USER, False
@@ -62,6 +63,7 @@ class _Rank:
         self.heard = now             # last heartbeat
         self.progress = now          # last progress
         self.error = ""              # exception that ended its script, if any
+        self.host, self.pid = "", 0  # where its process runs
 
 
 class Watchdog:
@@ -73,6 +75,7 @@ class Watchdog:
         now = time.monotonic()
         self.ranks = [_Rank(now) for _ in range(size)]
         self.me = self.ranks[rank]
+        self.me.host, self.me.pid = socket.gethostname(), os.getpid()
         self.sessions = 0            # open training sessions in this process: armed while > 0
         self.hub_gone = False        # rank 0 said goodbye: the others' rows are no longer updated
         self.detached = False        # no side channel (could not reach the hub): own progress only
@@ -180,12 +183,12 @@ class Watchdog:
     def _heartbeat(self) -> dict:
         m = self.me
         return {"t": "hb", "r": self.rank, "s": m.steps, "w": m.where, "a": m.armed, "st": m.state, "e": m.error,
-                "pa": time.monotonic() - m.progress}
+                "pa": time.monotonic() - m.progress, "h": m.host, "p": m.pid}
 
     def _table(self) -> dict:
         now = time.monotonic()
-        return {"t": "table", "rows": [[q.steps, q.where, q.armed, q.state, now - q.heard, now - q.progress, q.error]
-                                       for q in self.ranks]}
+        return {"t": "table", "rows": [[q.steps, q.where, q.armed, q.state, now - q.heard, now - q.progress, q.error,
+                                        q.host, q.pid] for q in self.ranks]}
 
     def _send(self, sock: socket.socket, msg: dict) -> bool:
         data = (json.dumps(msg) + "\n").encode()
@@ -301,16 +304,17 @@ class Watchdog:
             self._peers[s] = q
             r = self.ranks[q]
             r.steps, r.where, r.armed, r.error, r.heard = msg["s"], msg["w"], msg["a"], msg["e"], now
+            r.host, r.pid = msg["h"], msg["p"]
             r.progress = now - float(msg["pa"])
             if msg["st"] == "exited" and r.state == "up":
                 r.state = "exited"
                 self._send_state()
         elif kind == "table" and self.rank != 0:
-            for q, (steps, where, armed, state, heard_age, progress_age, error) in enumerate(msg["rows"]):
+            for q, (steps, where, armed, state, heard_age, progress_age, error, host, pid) in enumerate(msg["rows"]):
                 if q == self.rank:
                     continue
                 r = self.ranks[q]
-                r.steps, r.where, r.armed, r.error = steps, where, armed, error
+                r.steps, r.where, r.armed, r.error, r.host, r.pid = steps, where, armed, error, host, pid
                 r.heard, r.progress = now - heard_age, now - progress_age
                 if r.state == "up":
                     r.state = state
@@ -351,7 +355,7 @@ class Watchdog:
         if silent:
             parts = [f"no heartbeat for {now - self.ranks[q].heard:.0f} s, last step {self.ranks[q].steps}"
                      for q in silent]
-            self._abort(f"{_ranks(silent)} stopped making progress ({'; '.join(parts)})" + suffix)
+            self._abort(f"{_ranks(silent)} stopped making progress ({'; '.join(parts)})" + suffix, wake=silent)
             return
         ended = [q for q in others if self.ranks[q].state == "exited" and self.ranks[q].armed]
         if ended:
@@ -381,7 +385,7 @@ class Watchdog:
         self._abort(f"{_ranks(behind)} stopped making progress (heartbeat alive, in {_where_text(r.where)} for "
                     f"{now - r.progress:.0f} s, last step {r.steps})" + suffix)
 
-    def _abort(self, text: str):
+    def _abort(self, text: str, wake: List[int] = ()):
         self._aborting = True
         msg = {"t": "abort", "msg": f"{text} [seen by rank {self.rank}]"}
         if self.rank == 0:
@@ -389,6 +393,14 @@ class Watchdog:
                 self._send(s, msg)
         elif self._hub is not None:
             self._send(self._hub, msg)
+        # A silent rank on this host may be a stopped process (SIGSTOP): resume it, so that it reads the abort (or
+        # the launcher's SIGTERM, which a stopped process does not act on) and the job ends now, not after the
+        # launcher's kill grace (horovodrun: about 10 s). Ranks on other hosts are left to the launcher.
+        for q in wake:
+            r = self.ranks[q]
+            if r.pid and r.host == self.me.host and r.pid != self.me.pid:
+                with contextlib.suppress(OSError):
+                    os.kill(r.pid, signal.SIGCONT)
         self._die(text)
 
     def _die(self, text: str):

@@ -29,7 +29,7 @@ class Session:
         # watchdog.enter() (else the rank counts as inside its training loop).
         self.watchdog = _watchdog.session_started(cfg.stall_timeout, rank, size, allgather_object,
                                                   cfg.policy)
-        self.watchdog.enter(_watchdog.UNKNOWN)
+        self.watchdog.between_steps(_watchdog.UNKNOWN)
         self.telemetry.on_step = self.watchdog.step_done
 
     def begin_step(self, samples: int = 0) -> float:
@@ -50,6 +50,6 @@ class Session:
             self.watchdog.enter("finish")     # the report's allgather
             self.report = finish_report(self.telemetry, self._allgather_object, self.cfg.describe(),
                                         print_on_rank0=self.cfg.report, json_path=self.cfg.report_json)
-            self.watchdog.enter(_watchdog.USER)
+            self.watchdog.enter(self.watchdog.between)
             self.watchdog.disarm()
         return self.report

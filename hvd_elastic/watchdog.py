@@ -88,6 +88,7 @@ class Watchdog:
         self._thread: Optional[threading.Thread] = None
         self._aborting = False
         self.policy = ""             # the latest session's policy (for the advice in messages)
+        self.between = UNKNOWN       # `where` between two steps (see between_steps)
 
     # ---- start-up (collective) ---------------------------------------------------------------------------------
     def start(self, allgather_object: Callable[[Any], list]):
@@ -129,10 +130,16 @@ class Watchdog:
     def enter(self, where: str):
         self.me.where = where
 
+    def between_steps(self, where: str):
+        """What runs between two steps: USER where the frontend marks its steps (PyTorch, Keras callbacks), else
+        UNKNOWN (TF custom loops: the allreduce may run inside the script's own tf.function)."""
+        self.between = where
+        self.me.where = where
+
     def step_done(self):
         self.me.steps += 1
         self.me.progress = time.monotonic()
-        self.me.where = USER
+        self.me.where = self.between
 
     def progress(self):
         self.me.progress = time.monotonic()
@@ -338,8 +345,9 @@ class Watchdog:
             r = self.ranks[failed[0]]
             self._abort(f"{_ranks(failed)} exited with {r.error} during training (step {r.steps}); stopping the job")
             return
-        if self.me.where == USER or now - self.me.progress < self.timeout_s:
-            return
+        if self.me.where == USER or (self.me.where == UNKNOWN and self.me.steps == 0) \
+                or now - self.me.progress < self.timeout_s:
+            return    # the script's own code (or, unmarked, before the first step: loading data) is never judged
         t = self.timeout_s
 
         def live(q):

@@ -107,7 +107,7 @@ class SyncCallback(keras.callbacks.Callback):
             if state.mode != mode and model.train_function is not None:
                 model.make_train_function(force=True)   # retrace with the new apply mode
         state.start(model.trainable_variables, model_variables=model.variables, root_rank=self.root_rank, mode=mode)
-        state.session.watchdog.enter(_watchdog.USER)   # the batch callbacks mark the steps (watchdog.py)
+        state.session.watchdog.between_steps(_watchdog.USER)   # the batch callbacks mark the steps (watchdog.py)
 
     def on_train_batch_begin(self, batch, logs=None):
         self._state.session.watchdog.enter("step")

@@ -432,7 +432,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     """
     cfg = _config.load(policy_kwargs, hvd.allgather_object, hvd.rank(), IMPLEMENTED_POLICIES, "PyTorch")
     session = Session(cfg, hvd.rank(), hvd.size(), hvd.allgather_object)
-    session.watchdog.enter(_watchdog.USER)     # step() marks the steps: between them the script's own code runs
+    session.watchdog.between_steps(_watchdog.USER)   # step() marks the steps: the script's own code between them
     if cfg.policy == "bsp":
         opt = _HOROVOD_DISTRIBUTED_OPTIMIZER(
             optimizer, named_parameters=named_parameters, compression=compression,

@@ -295,6 +295,8 @@ class Watchdog:
         q = self._peers.pop(s, None)
         if q is not None and self.ranks[q].state == "up":
             self.ranks[q].state = "lost"
+            if self.me.armed:
+                self._check()     # at once: under mpirun the launcher tears the job down within milliseconds
             self._send_state()
 
     def _message(self, s: socket.socket, msg: dict):
@@ -395,6 +397,7 @@ class Watchdog:
 
     def _abort(self, text: str, wake: List[int] = ()):
         self._aborting = True
+        self._say(text)           # first: a launcher that saw a rank die may kill this process any moment
         msg = {"t": "abort", "msg": f"{text} [seen by rank {self.rank}]"}
         if self.rank == 0:
             for s in list(self._peers):
@@ -411,14 +414,17 @@ class Watchdog:
                     os.kill(r.pid, signal.SIGCONT)
         self._die(text)
 
-    def _die(self, text: str):
-        try:
-            sys.stdout.flush()
-        except Exception:
-            pass
+    def _say(self, text: str):
+        if getattr(self, "_said", False):
+            return
+        self._said = True
         with contextlib.suppress(Exception):
-            sys.stderr.write(f"hvd_elastic: error: {text}\n")
-            sys.stderr.flush()
+            os.write(2, f"hvd_elastic: error: {text}\n".encode())    # unbuffered, no lock: one write
+
+    def _die(self, text: str):
+        self._say(text)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
         os._exit(1)
 
 

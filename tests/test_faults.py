@@ -35,13 +35,13 @@ def _run(launcher, policy, fault, step, target=100000, delay=0.02, extra=None):
     return res, after_fault
 
 
-def _plugin_line_of_rank0(res, *needles):
+def _plugin_line_of_rank0(res, *needles, traceback_ok=False):
     """The plugin's line printed by the live rank 0 (launcher prefix '[0]<stderr>:' or '[1,0]<stderr>:')."""
     lines = [l for l in res.output.splitlines()
              if re.match(r"^\[(\d+,)?0\]<stderr>:", l) and "hvd_elastic: error:" in l]
     lines = [l for l in lines if all(n in l for n in needles)]
     assert len(lines) == 1, f"expected one line from rank 0 with {needles}:\n" + res.output[-3000:]
-    assert not [l for l in res.rank_lines() if "Traceback" in l], res.output[-3000:]
+    assert traceback_ok or not [l for l in res.rank_lines() if "Traceback" in l], res.output[-3000:]
     return lines[0]
 
 
@@ -66,7 +66,9 @@ def test_a_stopped_rank_is_named_and_the_job_ends_within_the_timeout(launcher, p
 def test_a_rank_killed_during_finish_is_named_at_once(launcher, policy):
     res, after_fault = _run(launcher, policy, "kill", step="finish", target=60,
                             extra={"TEST_FAULT_DELAY": "1", "HVD_ELASTIC_STALL_TIMEOUT": "60"})
-    _plugin_line_of_rank0(res, "rank 1 lost", "killed or crashed", "rank 0 is in finish()")
+    # Gloo may notice the closed connection as fast as the watchdog: Horovod's error (a traceback) can then come
+    # before the plugin's exit (seen once in 5 runs under horovodrun); the plugin's line is there either way.
+    _plugin_line_of_rank0(res, "rank 1 lost", "killed or crashed", "rank 0 is in finish()", traceback_ok=True)
     assert after_fault < 1 + SLACK_S, after_fault
 
 

@@ -185,6 +185,11 @@ KNOBS = (
     Knob("emulate_vary_factor", {}, _per_rank(1.0), "'*:FACTOR,RANK:FACTOR,...' with FACTOR >= 1",
          "Emulated non-dedicated machines: the emulated extra sleep is multiplied by a factor redrawn uniformly in "
          "[1, FACTOR] every HVD_ELASTIC_EMULATE_VARY_PERIOD seconds (seeded by rank: reproducible)."),
+    Knob("stall_timeout", 120.0, _float(0.0, exclusive=True), "number > 0 (seconds)",
+         "Every policy: when no rank has made progress (a training step, or an update applied while finishing) "
+         "for this long, every live rank prints one line naming the rank(s) that stopped (from per-rank "
+         "heartbeats) and the job exits non-zero; a rank whose heartbeat connection closes mid-training is named "
+         "at once. Must exceed the longest step and any pause between steps (evaluation, checkpoint)."),
     Knob("report", True, _bool, "0|1",
          "Rank 0 prints the per-rank time breakdown at the end of the run."),
     Knob("report_json", "", _text, "a file path, or empty",
@@ -216,6 +221,7 @@ class Config:
     emulate_jitter: Mapping[Any, float] = dataclasses.field(default_factory=dict)
     emulate_vary_period: float = 0.0
     emulate_vary_factor: Mapping[Any, float] = dataclasses.field(default_factory=dict)
+    stall_timeout: float = 120.0
     report: bool = True
     report_json: str = ""
 

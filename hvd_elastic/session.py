@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, Optional
 
+from . import watchdog as _watchdog
 from .config import Config
 from .emulation import Straggler
 from .lbbsp import LbbspController
@@ -23,10 +24,18 @@ class Session:
         self.lbbsp: Optional[LbbspController] = (LbbspController(cfg, rank, size, self.telemetry)
                                                  if cfg.policy == "lbbsp" else None)
         self.report: Optional[Dict[str, Any]] = None
+        # Faults (watchdog.py): heartbeats and the stall rule; collective the first time in a process. A step
+        # counts as progress; frontends that know when the script's own code runs mark their steps with
+        # watchdog.enter() (else the rank counts as inside its training loop).
+        self.watchdog = _watchdog.session_started(cfg.stall_timeout, rank, size, allgather_object,
+                                                  cfg.policy)
+        self.watchdog.between_steps(_watchdog.UNKNOWN)
+        self.telemetry.on_step = self.watchdog.step_done
 
     def begin_step(self, samples: int = 0) -> float:
         """Measure this step's compute (since the last step ended) and inject emulated delay; returns compute."""
         compute = time.perf_counter() - self.last_step_end
+        self.watchdog.enter("step")
         slept = self.straggler.pause(compute, samples)
         self.telemetry.emulated_s += slept
         return compute + slept
@@ -34,8 +43,13 @@ class Session:
     def finish(self) -> Dict[str, Any]:
         """Collective: flush every update, final sync, end-of-run report (idempotent)."""
         if self.report is None:
+            self.watchdog.enter("finish")
             if self.engine is not None:
                 self.engine.finish()
+            self.watchdog.progress()
+            self.watchdog.enter("finish")     # the report's allgather
             self.report = finish_report(self.telemetry, self._allgather_object, self.cfg.describe(),
                                         print_on_rank0=self.cfg.report, json_path=self.cfg.report_json)
+            self.watchdog.enter(self.watchdog.between)
+            self.watchdog.disarm()
         return self.report

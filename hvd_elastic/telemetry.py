@@ -32,12 +32,15 @@ class Telemetry:
         self.blocked: List[float] = []   # per-step time blocked in a lock-step collective (bsp); split at report
         self.emulated_s = 0.0      # injected straggler delay (included in compute_s)
         self.counters: Dict[str, Any] = {}
+        self.on_step: Optional[Callable[[], None]] = None   # called after every step (the watchdog's progress)
 
     def add_step(self, compute_s: float, blocked_s: Optional[float] = None):
         self.steps += 1
         self.compute_s += compute_s
         if blocked_s is not None:
             self.blocked.append(blocked_s)
+        if self.on_step is not None:
+            self.on_step()
 
     def count(self, name: str, inc: int = 1):
         self.counters[name] = self.counters.get(name, 0) + inc

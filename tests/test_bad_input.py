@@ -30,6 +30,10 @@ CASES = {
                                                            "HVD_ELASTIC_STALENESS"]),
     "emulation_names_missing_rank": ({"HVD_ELASTIC_EMULATE_DELAY": "7:0.1"},
                                      ["HVD_ELASTIC_EMULATE_DELAY names rank 7 but the job has 2 ranks"]),
+    "stall_timeout_not_a_number": ({"HVD_ELASTIC_STALL_TIMEOUT": "abc"},
+                                   ["HVD_ELASTIC_STALL_TIMEOUT='abc' is not valid", "number > 0 (seconds)"]),
+    "stall_timeout_zero": ({"HVD_ELASTIC_STALL_TIMEOUT": "0"},
+                           ["HVD_ELASTIC_STALL_TIMEOUT='0' is not valid", "number > 0 (seconds)"]),
     "bad_kwarg_value": ({"TEST_KWARG_POLICY": "nope"}, ["keyword argument policy='nope' is not valid"]),
 }
 

@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable, Deque, Optional
 
 
+from .. import watchdog as _watchdog
 from ..errors import HvdElasticError
 from ..telemetry import Telemetry
 from .staleness import StalenessLog, compensation_weight
@@ -114,6 +115,7 @@ class SyncEngine:
             reason = self.policy.blocked_by(self.ticker.clock)
             if reason is None:
                 return
+            _watchdog.enter(f"the {self.policy.name} gate")
             progressed = self._pull(block=True, timeout=1.0, until_open=reason == "wait")
             blocked = (time.perf_counter() - t0) - (self._busy_s - busy0)
             if reason == "comm":
@@ -126,12 +128,13 @@ class SyncEngine:
                 self._check_stall(last_progress, "gate")
 
     def _check_stall(self, last_progress: float, what: str):
+        """Called while this rank waits with nothing delivered for a while. Ticks that stopped are an error here;
+        a stall (no rank making progress for HVD_ELASTIC_STALL_TIMEOUT) is the watchdog's one rule for every
+        policy (hvd_elastic/watchdog.py: it names the rank from heartbeats and ends the process), so this only
+        tells it where this rank waits."""
         if self.ticker.stopped:
             raise HvdElasticError(f"ticks stopped while waiting at the {what}")
-        if time.monotonic() - last_progress > self.stall_timeout_s:
-            unfinished = [q for q in range(self.size) if not self.view.finished[q]]
-            raise HvdElasticError(f"no tick completed for {self.stall_timeout_s:.0f} s while waiting at the "
-                                  f"{what}: a rank stopped taking part (unfinished ranks: {unfinished})")
+        _watchdog.enter(f"the {self.policy.name} {what}")
 
     def download(self):
         """Delta policies: replace this rank's weights by the last published global model."""

@@ -28,6 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from .. import watchdog as _watchdog
 from ..errors import ConfigError
 from ..lbbsp import BatchPlan
 from ..tensorflow._core import broadcast_variables, state_of, wrap_optimizer
@@ -106,6 +107,10 @@ class SyncCallback(keras.callbacks.Callback):
             if state.mode != mode and model.train_function is not None:
                 model.make_train_function(force=True)   # retrace with the new apply mode
         state.start(model.trainable_variables, model_variables=model.variables, root_rank=self.root_rank, mode=mode)
+        state.session.watchdog.between_steps(_watchdog.USER)   # the batch callbacks mark the steps (watchdog.py)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._state.session.watchdog.enter("step")
 
     def on_train_batch_end(self, batch, logs=None):
         state = self._state

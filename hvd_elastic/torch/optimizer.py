@@ -29,6 +29,7 @@ import torch
 from horovod.torch.optimizer import DistributedOptimizer as _HOROVOD_DISTRIBUTED_OPTIMIZER
 
 from .. import config as _config
+from .. import watchdog as _watchdog
 from ..engine.engine import SyncEngine
 from ..engine.policies import RELAXED_POLICIES, make_policy
 from ..errors import ConfigError, HvdElasticError
@@ -49,6 +50,7 @@ def _instrument_bsp(opt, session: Session):
 
     def synchronize(self):
         t0 = time.perf_counter()
+        session.watchdog.enter("Horovod's gradient allreduce")
         hvd_synchronize()
         state["blocked"] += time.perf_counter() - t0
 
@@ -275,6 +277,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     """
     cfg = _config.load(policy_kwargs, hvd.allgather_object, hvd.rank(), IMPLEMENTED_POLICIES, "PyTorch")
     session = Session(cfg, hvd.rank(), hvd.size(), hvd.allgather_object)
+    session.watchdog.between_steps(_watchdog.USER)   # step() marks the steps: the script's own code between them
     if cfg.policy == "bsp":
         opt = _HOROVOD_DISTRIBUTED_OPTIMIZER(
             optimizer, named_parameters=named_parameters, compression=compression,

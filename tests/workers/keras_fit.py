@@ -32,6 +32,8 @@ import keras  # noqa: E402
 import hvd_elastic.keras as hvdk  # noqa: E402
 import hvd_elastic.tensorflow as hvdtf  # noqa: E402
 
+import faults  # noqa: E402
+
 
 def flat(model):
     return np.concatenate([np.asarray(v.numpy()).ravel() for v in model.trainable_variables])
@@ -120,6 +122,13 @@ def digits_model(seed):
     return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
 
 
+class FaultCallback(keras.callbacks.Callback):
+    """TEST_FAULT* (tests/workers/faults.py) at the start of a batch."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        faults.inject(batch, hvd.rank(), hvd.size())
+
+
 def fit_run(policy, target, batch, data):
     x_tr, x_te, y_tr, y_te = data
     rank = hvd.rank()
@@ -131,7 +140,7 @@ def fit_run(policy, target, batch, data):
     model.compile(optimizer=opt, loss=LOSS, metrics=["accuracy"])
     sync = hvdk.SyncCallback(global_steps=target)
     model.fit(x_tr[idx], y_tr[idx], batch_size=batch, epochs=1, shuffle=False, verbose=0,
-              callbacks=[sync, hvdk.MetricAverageCallback()])
+              callbacks=[sync, hvdk.MetricAverageCallback(), FaultCallback()])
     acc = float((np.argmax(model.predict(x_te, verbose=0), 1) == y_te).mean())
     return {"policy": sync.report["policy"], "accuracy": acc, "weights_sha256": sha(model),
             "local_steps": sync.report["ranks"][rank]["steps"], "report": sync.report}

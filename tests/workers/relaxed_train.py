@@ -9,7 +9,6 @@ import argparse
 import hashlib
 import json
 import os
-import signal
 
 import horovod.torch as hvd
 import numpy as np
@@ -17,6 +16,8 @@ import torch
 import torch.nn.functional as F
 
 import hvd_elastic.torch as hvde
+
+import faults
 
 
 def flat(model):
@@ -57,15 +58,18 @@ def train(out_dir, target_global_steps, batch):
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     g = torch.Generator().manual_seed(100 + hvd.rank())
     steps = 0
-    die_at = int(os.environ.get("TEST_KILL_RANK_AT_STEP", "-1"))
+
+    def user_collective():
+        hvd.allreduce(torch.ones(1), name="test.user_collective")
+
     while hvde.global_steps(opt) < target_global_steps:
-        if hvd.rank() == hvd.size() - 1 and steps == die_at:
-            os.kill(os.getpid(), signal.SIGKILL)     # a rank dies mid-run, without a word
+        faults.inject(steps, hvd.rank(), hvd.size(), collective=user_collective)   # TEST_FAULT*: stop, kill, ...
         idx = torch.randint(0, len(x_tr), (batch,), generator=g)
         opt.zero_grad()
         F.cross_entropy(model(x_tr[idx]), y_tr[idx]).backward()
         opt.step()
         steps += 1
+    faults.inject(steps, hvd.rank(), hvd.size(), where="finish")
     report = hvde.finish(opt)
     w = flat(model)
     with torch.no_grad():

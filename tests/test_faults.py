@@ -1,0 +1,114 @@
+"""Faults (issue 14): a rank stopped (SIGSTOP) or killed ends the job under every policy, bsp included, within
+HVD_ELASTIC_STALL_TIMEOUT plus a few seconds, non-zero, with the plugin's own line naming the rank, printed by the
+live rank (hvd_elastic/watchdog.py). Faults come from tests/workers/faults.py (TEST_FAULT*), on real launchers."""
+import re
+import time
+
+import pytest
+
+from launch import launch
+
+TIMEOUT_S = 10          # HVD_ELASTIC_STALL_TIMEOUT of these jobs
+# After the fault the job must end within the timeout plus this: the stall check runs every 0.2 s, a frozen rank on
+# the same host is resumed (SIGCONT) by the rank that aborts, so it reads the abort (or the launcher's SIGTERM) at
+# once; without that, horovodrun would wait about 10 s more before it SIGKILLs it. Measured: +0.2 to +1.2 s.
+SLACK_S = 6
+
+
+def _fault_time(res):
+    m = re.search(r"fault: \w+ on rank \d+ at \w+ \d+ \(time ([\d.]+)\)", res.output)
+    assert m, "the fault was never injected:\n" + res.output[-3000:]
+    return float(m.group(1))
+
+
+def _run(launcher, policy, fault, step, target=100000, delay=0.02, extra=None):
+    env = {"HVD_ELASTIC_POLICY": policy, "HVD_ELASTIC_STALL_TIMEOUT": str(TIMEOUT_S),
+           "HVD_ELASTIC_EMULATE_DELAY": f"*:{delay}", "HVD_ELASTIC_REPORT": "0",
+           "TEST_FAULT": fault, "TEST_FAULT_RANK": "1", "TEST_FAULT_STEP": str(step), **(extra or {})}
+    res = launch(launcher, 2, "tests/workers/relaxed_train.py", ["/tmp", "--mode", "train", "--target", target],
+                 env=env, timeout=120)
+    end = time.time()
+    assert not res.timed_out, "the job hung after the fault:\n" + res.output[-3000:]
+    assert res.returncode != 0, res.output[-3000:]
+    after_fault = end - _fault_time(res)
+    print(f"{launcher} {policy} {fault}: job ended {after_fault:.1f} s after the fault ({res.elapsed:.1f} s in all)")
+    return res, after_fault
+
+
+def _plugin_line_of_rank0(res, *needles, traceback_ok=False):
+    """The plugin's line printed by the live rank 0 (launcher prefix '[0]<stderr>:' or '[1,0]<stderr>:')."""
+    lines = [l for l in res.output.splitlines()
+             if re.match(r"^\[(\d+,)?0\]<stderr>:", l) and "hvd_elastic: error:" in l]
+    lines = [l for l in lines if all(n in l for n in needles)]
+    assert len(lines) == 1, f"expected one line from rank 0 with {needles}:\n" + res.output[-3000:]
+    assert traceback_ok or not [l for l in res.rank_lines() if "Traceback" in l], res.output[-3000:]
+    return lines[0]
+
+
+# A frozen rank (alive, heartbeat silent): under bsp the others hang inside Horovod's own allreduce, under asp in the
+# engine; both are caught by the watchdog thread.
+@pytest.mark.parametrize("policy", ["bsp", "asp"])
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+def test_a_stopped_rank_is_named_and_the_job_ends_within_the_timeout(launcher, policy):
+    res, after_fault = _run(launcher, policy, "stop", step=40)
+    line = _plugin_line_of_rank0(res, "rank 1 stopped making progress", "no heartbeat for",
+                                 f"HVD_ELASTIC_STALL_TIMEOUT={TIMEOUT_S} s")
+    # The last step rank 0 heard of is at most the step at which rank 1 froze (steps 0..39 done).
+    last = int(re.search(r"last step (\d+)", line).group(1))
+    assert last <= 40, line
+    # Not before the timeout (rank 0's last progress was before the fault), and not long after it.
+    assert TIMEOUT_S - 1.5 <= after_fault < TIMEOUT_S + SLACK_S, after_fault
+
+
+# A rank killed while the other is inside finish(): its heartbeat connection closes without a goodbye, so it is
+# named at once, long before the timeout.
+@pytest.mark.parametrize("launcher,policy", [("mpirun", "asp"), ("horovodrun", "bsp")])
+def test_a_rank_killed_during_finish_is_named_at_once(launcher, policy):
+    res, after_fault = _run(launcher, policy, "kill", step="finish", target=60,
+                            extra={"TEST_FAULT_DELAY": "1", "HVD_ELASTIC_STALL_TIMEOUT": "60"})
+    # Gloo may notice the closed connection as fast as the watchdog: Horovod's error (a traceback) can then come
+    # before the plugin's exit (seen once in 5 runs under horovodrun); the plugin's line is there either way.
+    _plugin_line_of_rank0(res, "rank 1 lost", "killed or crashed", "rank 0 is in finish()", traceback_ok=True)
+    assert after_fault < 1 + SLACK_S, after_fault
+
+
+# Item 2 of the issue: a collective of the script's own inside a zipline loop. Rank 0 (slow) is held at a barrier
+# that needs more pushes from rank 1, which waits in the script's hvd.allreduce at its step 5 for rank 0: no rank
+# progresses while both heartbeats are alive. Both ranks print the line naming rank 1 and what to do.
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+def test_a_user_collective_that_deadlocks_zipline_is_named(launcher):
+    res, after_fault = _run(launcher, "zipline", "collective", step=5, target=400,
+                            extra={"TEST_FAULT_RANK": "*", "HVD_ELASTIC_EMULATE_DELAY": "0:0.2,1:0.01"})
+    needles = ("rank 1 stopped making progress: blocked in the script's own code", "after step 5",
+               "rank 0 waits in the zipline gate", "after finish(opt)")
+    _plugin_line_of_rank0(res, *needles)
+    rank1 = [l for l in res.output.splitlines() if re.match(r"^\[(\d+,)?1\]<stderr>:", l)
+             and all(n in l for n in needles)]
+    assert len(rank1) == 1, "rank 1 (alive) must print the line too:\n" + res.output[-3000:]
+    assert TIMEOUT_S - 1.5 <= after_fault < TIMEOUT_S + SLACK_S, after_fault
+
+
+# No false alarm: a rank that pauses for less than the timeout (bsp: the other waits inside Horovod's allreduce
+# meanwhile) delays the job and nothing else.
+def test_a_pause_shorter_than_the_timeout_is_not_a_stall():
+    env = {"HVD_ELASTIC_POLICY": "bsp", "HVD_ELASTIC_STALL_TIMEOUT": "6", "HVD_ELASTIC_REPORT": "0",
+           "TEST_FAULT": "slow", "TEST_FAULT_RANK": "1", "TEST_FAULT_STEP": "10", "TEST_FAULT_SECONDS": "4"}
+    res = launch("mpirun", 2, "tests/workers/relaxed_train.py", ["/tmp", "--mode", "train", "--target", 60],
+                 env=env, timeout=120)
+    assert res.returncode == 0, res.output[-3000:]
+    assert "fault: slow on rank 1" in res.output and "hvd_elastic: error" not in res.output, res.output[-3000:]
+
+
+# Keras model.fit under bsp: the gradient allreduce runs inside the compiled train step, where no code of ours runs;
+# the batch callbacks tell the watchdog when a step is on.
+def test_a_stopped_rank_under_keras_fit_bsp_is_named():
+    env = {"HVD_ELASTIC_STALL_TIMEOUT": str(TIMEOUT_S), "HVD_ELASTIC_REPORT": "0",
+           "TEST_FAULT": "stop", "TEST_FAULT_RANK": "1", "TEST_FAULT_STEP": "20"}
+    res = launch("mpirun", 2, "tests/workers/keras_fit.py", ["/tmp", "--mode", "policies", "--policies", "bsp",
+                                                              "--target", 2000], env=env, timeout=150)
+    end = time.time()
+    assert not res.timed_out and res.returncode != 0, res.output[-3000:]
+    _plugin_line_of_rank0(res, "rank 1 stopped making progress", "no heartbeat for")
+    after_fault = end - _fault_time(res)
+    print(f"keras bsp stop: job ended {after_fault:.1f} s after the fault ({res.elapsed:.1f} s in all)")
+    assert TIMEOUT_S - 1.5 <= after_fault < TIMEOUT_S + SLACK_S, after_fault

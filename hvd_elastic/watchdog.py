@@ -228,7 +228,8 @@ class Watchdog:
     def _run(self):
         next_beat = 0.0
         while not self._stop.is_set():
-            socks = ([self._listener] if self._listener else []) + list(self._peers) + ([self._hub] if self._hub else [])
+            socks = (([self._listener] if self._listener else []) + list(self._peers)
+                     + ([self._hub] if self._hub else []))
             try:
                 readable = select.select(socks, [], [], CHECK_S)[0] if socks else []
                 if not socks:

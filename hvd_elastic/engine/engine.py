@@ -65,8 +65,9 @@ class SyncEngine:
             self.global_model = buffers.clone(read_params())   # W, identical on every rank at start
             self.last_upload = buffers.clone(self.global_model)
             self.published = buffers.clone(self.global_model)  # W as of the last downloadable tick
+        # Peer alignment (HVD_ELASTIC_PEER_WAIT) also bounds how long a tick holds pushes for ranks due to push.
         self.ticker = Ticker(numel, buffers, rank, size, allreduce_sum, tick_s=tick_s, epoch_ns=epoch_ns,
-                             name=tick_name)
+                             name=tick_name, hold_fraction=policy.cfg.peer_wait)
         policy.attach(self)
 
     # ---- per step ----------------------------------------------------------------------------------------------

@@ -5,16 +5,17 @@ it has none) and (b) a metadata table in which each rank fills only its own row,
 every rank's clock, last push time and iteration time. Every rank receives the same ticks in the same order, which
 is what lets every rank apply the same updates and take the same scheduling decisions.
 
-Metadata first: a tick in which nobody pushed moves no model-sized buffer. A tick is normally a *probe*: a
-metadata-only allreduce (a few hundred words) that delivers nothing and tells every rank what each rank has
-pending. When the table shows pending pushes, every rank decides -- from the table alone, so identically -- to
-release them: the next tick is then a *full* tick, payload and metadata in one allreduce, issued at once. The
-release waits (at most HOLD_FRACTION of the pushing ranks' step period, measured from the first pending push) for
-ranks that are due to push within that window (last push + measured push period), so that equally fast ranks
-land in the same payload instead of one payload each; ranks not due (a straggler) are never waited for. While most
-recent ticks carried or announced pushes (BUSY of the last BUSY_WINDOW: pushes arrive faster than ticks), ticks are full
-without probes (one collective per tick; an empty full tick moves a zero payload). Every choice depends only on
-past tables, which every rank holds identically, so every rank issues the same collectives in the same order.
+Metadata first: a tick in which nobody pushed moves no model-sized buffer. A tick is normally a *probe*: a metadata-
+only allreduce (a few hundred words) that delivers nothing and tells every rank what each rank has pending. When the
+table shows pending pushes, every rank decides -- from the table alone, so identically -- to release them: the next
+tick is then a *full* tick, payload and metadata in one allreduce, issued at once. The release waits (at most
+HVD_ELASTIC_PEER_WAIT, default HOLD_FRACTION, of the pushing ranks' step period, counted from the first pending
+push) for ranks that are due to push within that window (last push + measured push period), so that equally fast
+ranks land in the same payload instead of one payload each; ranks not due (a straggler) are never waited for. While
+most recent ticks carried or announced pushes (BUSY of the last BUSY_WINDOW: pushes arrive faster than ticks), ticks
+are full without probes (one collective per tick; an empty full tick moves a zero payload). Every choice depends
+only on past tables, which every rank holds identically, so every rank issues the same collectives in the same
+order.
 
 Buffers: the update buffers are the frontend's own tensors (engine/buffers.py), preallocated and reused: pushes
 accumulate in place into the pending buffer; a tick swaps it for a zeroed spare; the training thread gives each
@@ -54,7 +55,7 @@ META_PIECES = 4   # 16-bit pieces per int64
 _BASE = 1 << 16
 POOL_LIMIT = 2    # recycled buffers kept for reuse (beyond them, given back to the allocator)
 BUSY_WINDOW, BUSY = 8, 6   # full ticks without probes while BUSY of the last BUSY_WINDOW ticks had pushes
-HOLD_FRACTION = 0.25       # a release waits at most this fraction of the pushers' step period for due peers
+HOLD_FRACTION = 0.25       # default release hold, a fraction of the pushers' step period (HVD_ELASTIC_PEER_WAIT)
 
 
 def release(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> bool:
@@ -65,7 +66,7 @@ def release(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> bool:
     if not pending.any():
         return False
     periods = meta[pending, PERIOD_NS]
-    if (periods <= 0).any():
+    if hold_fraction <= 0 or (periods <= 0).any():
         return True                              # a pusher's period is not measured yet
     hold = hold_fraction * float(periods.min())
     now = float(meta[:, NOW_NS].max())
@@ -119,7 +120,7 @@ class Ticker:
     def __init__(self, numel: int, buffers, rank: int, size: int,
                  allreduce_sum: Callable[[list, str], None],
                  tick_s: float = 0.005, max_idle_s: float = 0.01, epoch_ns: int = 0,
-                 name: str = "hvd_elastic.tick"):
+                 name: str = "hvd_elastic.tick", hold_fraction: float = HOLD_FRACTION):
         if not hasattr(buffers, "zeros"):          # a dtype: numpy buffers
             buffers = NumpyBuffers(buffers)
         self.numel, self.buffers, self.rank, self.size = numel, buffers, rank, size
@@ -127,6 +128,7 @@ class Ticker:
         self.name = name
         self._allreduce_sum = allreduce_sum
         self.tick_s, self.max_idle_s, self.epoch_ns = tick_s, max(max_idle_s, tick_s), epoch_ns
+        self.hold_fraction = hold_fraction   # release hold (HVD_ELASTIC_PEER_WAIT; 0: release at once)
         self._lock = threading.Condition()
         self._meta_words = size * META_COLUMNS * META_PIECES
         self._length = numel + self._meta_words          # [update | encoded metadata]
@@ -312,7 +314,7 @@ class Ticker:
                     self.payload_collectives += 1
                 elif send is not None:          # an empty full tick's buffer sums zeros: it stays a zeroed spare
                     self._spare, send = send, None
-                release_now = not full and release(meta)
+                release_now = not full and release(meta, self.hold_fraction)
                 dt = time.perf_counter() - t0
                 tick = Tick(index, buffers.head(send, numel) if total else None, meta, dt, send if total else None)
                 recent.append(total > 0 or pending > 0)

@@ -36,6 +36,7 @@ HEARTBEAT_S = 1.0     # heartbeat (and hub table) period
 SILENT_S = 3.0        # a heartbeat older than this (three missed) means the rank's process is not running
 CHECK_S = 0.2         # watchdog thread period
 CONNECT_S = 20.0      # how long a rank keeps trying to reach the hub at start-up
+ERROR_GRACE_S = 3.0   # after another rank exited with an error, time left for this rank to fail with its own
 
 USER = ""             # `where` of a rank running the script's own code (between steps, or outside training)
 UNKNOWN = "?"         # frontends that cannot tell (TF custom loops): counts as inside the plugin
@@ -87,6 +88,7 @@ class Watchdog:
         self._buffers: Dict[socket.socket, bytes] = {}
         self._thread: Optional[threading.Thread] = None
         self._aborting = False
+        self._failed_seen: Optional[float] = None   # when another rank was first seen exited with an error
         self.policy = ""             # the latest session's policy (for the advice in messages)
         self.between = UNKNOWN       # `where` between two steps (see between_steps)
 
@@ -345,8 +347,14 @@ class Watchdog:
         failed = [q for q in others if self.ranks[q].state == "exited" and self.ranks[q].armed
                   and self.ranks[q].error]
         if failed:
-            r = self.ranks[failed[0]]
-            self._abort(f"{_ranks(failed)} exited with {r.error} during training (step {r.steps}); stopping the job")
+            # Bad input fails every rank alike, each with its own one-line error: give this rank the time to reach
+            # and print its own before stopping it on the other's account.
+            if self._failed_seen is None:
+                self._failed_seen = now
+            if now - self._failed_seen >= ERROR_GRACE_S:
+                r = self.ranks[failed[0]]
+                self._abort(f"{_ranks(failed)} exited with {r.error} during training (step {r.steps}); "
+                            f"stopping the job")
             return
         if self.me.where == USER or (self.me.where == UNKNOWN and self.me.steps == 0) \
                 or now - self.me.progress < self.timeout_s:

@@ -26,4 +26,7 @@ def test_a_killed_rank_stops_every_rank_with_a_message_naming_it(launcher, tmp_p
     plugin = [l for l in res.rank_lines() if re.match(r"^\[(\d+,)?[01]\]<stderr>:", l)
               and "hvd_elastic: error: rank 2 lost" in l]
     assert plugin or launcher == "mpirun", res.output[-3000:]
-    assert not [l for l in res.rank_lines() if "hvd_elastic: error:" in l and "rank 2 lost" not in l], res.output
+    # No other plugin error, except the tick thread's report that Horovod shut down (under Gloo Horovod's own
+    # reaction to the lost peer can reach a live rank's tick thread before the watchdog's line).
+    assert not [l for l in res.rank_lines() if "hvd_elastic: error:" in l and "rank 2 lost" not in l
+                and "tick thread failed: Horovod has been shut down" not in l], res.output

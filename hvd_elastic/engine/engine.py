@@ -90,10 +90,9 @@ class SyncEngine:
             def accumulate(dst, alpha, w=w, last=self.last_upload):
                 buffers.add_(dst, w, alpha)
                 buffers.add_(dst, last, -alpha)
-            self.ticker.push(lambda dst: accumulate(dst, weight), int(compute_s * 1e9))
-            buffers.copy_(self.last_upload, w)
-        else:
-            self.ticker.push(lambda dst: accumulate(dst, weight), int(compute_s * 1e9))
+        self.ticker.push(lambda dst: accumulate(dst, weight), int(compute_s * 1e9))
+        if self.policy.kind == "delta":
+            buffers.copy_(self.last_upload, w)   # after the push: the delta was read from it
         self._unapplied.append((self.ticker.clock, self._applied_at_read))
         if self.policy.kind == "delta":
             self._applied_at_read += 1   # the rank's own copy holds this delta already (see staleness.py)

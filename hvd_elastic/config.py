@@ -302,18 +302,39 @@ def unused_settings(raw: Mapping[str, list], cfg: Config) -> list:
             if name in KNOBS_BY_NAME and KNOBS_BY_NAME[name].used_by and cfg.policy not in KNOBS_BY_NAME[name].used_by]
 
 
+def horovod_elastic() -> bool:
+    """True in a worker of an elastic Horovod job (``horovodrun --elastic``: Horovod sets HOROVOD_ELASTIC=1), where
+    ranks may leave and join between steps (``hvd.elastic.run``)."""
+    return os.environ.get("HOROVOD_ELASTIC", "0").strip() not in ("", "0")
+
+
+# Policies that run under elastic Horovod: bsp is Horovod's own optimizer, which recomputes the average over the
+# current ranks at every step. The others keep per-rank state sized at start-up (the tick stream's table of clocks,
+# LB-BSP's batch plan, WBSP's global model and slowest rank) that a change of the rank set would invalidate.
+ELASTIC_POLICIES = ("bsp",)
+
+
 def load(policy_kwargs: Mapping[str, Any], allgather_object: Callable[[Any], list], rank: int,
          available: tuple, frontend: str) -> Config:
-    """Collective start-up of a frontend: compare the ranks' raw settings, parse them, refuse a policy the frontend
-    cannot run, and warn (rank 0) about knobs the policy does not read. Every problem is a one-line ConfigError."""
+    """Start-up of a frontend: compare the ranks' raw settings (collective), parse them, refuse a policy the frontend
+    cannot run, and warn (rank 0) about knobs the policy does not read. Every problem is a one-line ConfigError.
+
+    Under elastic Horovod nothing here is collective (a worker that joins builds its optimizer before the others
+    reach it, as with Horovod's own DistributedOptimizer), and only ELASTIC_POLICIES are accepted."""
     install_excepthook()
     raw = raw_settings(None, policy_kwargs)
-    check_ranks_agree(raw, allgather_object)
+    elastic = horovod_elastic()
+    if not elastic:
+        check_ranks_agree(raw, allgather_object)
     cfg = parse_settings(raw)
+    src = _where("policy", raw.get("policy", ["env"])[0])
     if cfg.policy not in available:
-        src = _where("policy", raw.get("policy", ["env"])[0])
         raise ConfigError(f"{src}={cfg.policy!r} is not available for {frontend} yet; "
                           f"available: {'|'.join(available)}")
+    if elastic and cfg.policy not in ELASTIC_POLICIES:
+        raise ConfigError(f"{src}={cfg.policy!r} does not support elastic Horovod (HOROVOD_ELASTIC=1, horovodrun "
+                          f"--elastic): it keeps per-rank state for a fixed set of ranks; elastic jobs run policy "
+                          f"{'|'.join(ELASTIC_POLICIES)}")
     unused = unused_settings(raw, cfg)
     if unused and rank == 0:
         print(f"hvd_elastic: warning: policy {cfg.policy} does not use {', '.join(unused)}", flush=True)

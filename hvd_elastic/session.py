@@ -4,7 +4,7 @@ telemetry, emulated slowness, the sync engine (relaxed policies, set by the fron
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from . import watchdog as _watchdog
 from .config import Config
@@ -14,8 +14,11 @@ from .telemetry import Telemetry, finish_report
 
 
 class Session:
-    def __init__(self, cfg: Config, rank: int, size: int, allgather_object: Callable[[Any], list]):
+    def __init__(self, cfg: Config, rank: int, size: int, allgather_object: Callable[[Any], list],
+                 rank_and_size: Optional[Callable[[], Tuple[int, int]]] = None):
         self.cfg, self.rank, self.size = cfg, rank, size
+        # Elastic Horovod renumbers the ranks when the rank set changes: the report asks for the current ones.
+        self._rank_and_size = rank_and_size
         self._allgather_object = allgather_object
         self.telemetry = Telemetry(rank, size, cfg.policy)
         self.straggler = Straggler.from_config(cfg, rank, size)
@@ -43,6 +46,9 @@ class Session:
     def finish(self) -> Dict[str, Any]:
         """Collective: flush every update, final sync, end-of-run report (idempotent)."""
         if self.report is None:
+            if self._rank_and_size is not None:
+                self.rank, self.size = self._rank_and_size()
+                self.telemetry.rank, self.telemetry.size = self.rank, self.size
             self.watchdog.enter("finish")
             if self.engine is not None:
                 self.engine.finish()

@@ -32,6 +32,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from .config import horovod_elastic
+
 HEARTBEAT_S = 1.0     # heartbeat (and hub table) period
 SILENT_S = 3.0        # a heartbeat older than this (three missed) means the rank's process is not running
 CHECK_S = 0.2         # watchdog thread period
@@ -462,7 +464,13 @@ def session_started(timeout_s: float, rank: int, size: int, allgather_object: Ca
     global _WATCHDOG
     if _WATCHDOG is None:
         wd = Watchdog(rank, size, timeout_s)
-        wd.start(allgather_object)
+        if horovod_elastic():
+            # Elastic Horovod: ranks leave and join on purpose and the elastic driver handles lost ones (Horovod
+            # raises HorovodInternalError and re-forms the job); a start-up collective would also deadlock a worker
+            # that joins mid-run. The watchdog stays off: no hub, no thread, nothing checked.
+            wd.detached = True
+        else:
+            wd.start(allgather_object)
         _WATCHDOG = wd
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=wd.forked)

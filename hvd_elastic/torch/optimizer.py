@@ -276,7 +276,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                                                      named_parameters=model.named_parameters())
     """
     cfg = _config.load(policy_kwargs, hvd.allgather_object, hvd.rank(), IMPLEMENTED_POLICIES, "PyTorch")
-    session = Session(cfg, hvd.rank(), hvd.size(), hvd.allgather_object)
+    session = Session(cfg, hvd.rank(), hvd.size(), hvd.allgather_object, lambda: (hvd.rank(), hvd.size()))
     session.watchdog.between_steps(_watchdog.USER)   # step() marks the steps: the script's own code between them
     if cfg.policy == "bsp":
         opt = _HOROVOD_DISTRIBUTED_OPTIMIZER(

@@ -1,0 +1,83 @@
+"""Elastic Horovod (issue 14, item 5): ``horovodrun --elastic`` with a host discovery script on localhost, the
+rank set changed mid-run (a worker removed, then one added back), tests/workers/elastic_torch.py.
+
+- bsp (Horovod's own optimizer, instrumented): the job recovers from both changes, every final rank ends at the
+  same step with identical weights, and the plugin's report comes from the final rank 0 (its watchdog is off: the
+  elastic driver owns lost ranks).
+- every other policy: refused at DistributedOptimizer() with one line naming the setting and the policies that do
+  run elastic, on every rank, and the job ends non-zero (the elastic driver gives up on the failed workers)."""
+import os
+import re
+import stat
+
+import pytest
+
+from launch import BIN, ROOT, job_env, run
+
+def _elastic_command(tmp_path, hosts_text, np, min_np, extra=()):
+    hosts = tmp_path / "hosts"
+    hosts.write_text(hosts_text)
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(discover.stat().st_mode | stat.S_IEXEC)
+    # --network-interface: with one machine Horovod cannot compare the hosts' interfaces; --blacklist-cooldown-range:
+    # a host whose worker crashed is taken back after 1-2 s (else never).
+    return [os.path.join(BIN, "horovodrun"), "-np", str(np), "--min-np", str(min_np), "--max-np", str(np),
+            "--host-discovery-script", str(discover), "--gloo", "--elastic-timeout", "60",
+            "--network-interface", "lo", "--blacklist-cooldown-range", "1", "2",
+            os.path.join(BIN, "python"), os.path.join(ROOT, "tests", "workers", "elastic_torch.py"),
+            "--hosts-file", str(hosts), "--np", str(np), *map(str, extra)]
+
+
+def _finals(res, np, steps):
+    out = res.output
+    assert not res.timed_out, out[-4000:]
+    assert res.returncode == 0, out[-4000:]
+    finals = [dict(kv.split("=", 1) for kv in line.split("ELASTIC ", 1)[1].split())
+              for line in out.splitlines() if "ELASTIC rank=" in line]
+    assert len(finals) == np, out[-4000:]                       # the rank set is whole again at the end
+    assert sorted(int(f["rank"]) for f in finals) == list(range(np))
+    assert {f["size"] for f in finals} == {str(np)}
+    assert {f["batch"] for f in finals} == {str(steps)}, finals    # every rank at the same committed step
+    assert len({f["digest"] for f in finals}) == 1, finals      # identical weights on every rank
+    # The plugin's report, printed once, by the final rank 0, over the final ranks; no plugin error.
+    reports = [line for line in out.splitlines() if "hvd_elastic report: policy=bsp" in line]
+    assert len(reports) == 1 and f"{np} ranks" in reports[0], out[-4000:]
+    assert not [line for line in out.splitlines() if "hvd_elastic: error" in line], out[-4000:]
+    return finals[0]["sizes"].split(",")
+
+
+def test_bsp_recovers_when_a_rank_is_removed_and_added_back(tmp_path):
+    cmd = _elastic_command(tmp_path, "localhost:3\n", np=3, min_np=2,
+                           extra=["--steps", 80, "--remove-at", 20, "--wait", "20:2", "--add-at", 40, "--wait", "40:3"])
+    res = run(cmd, job_env({"HVD_ELASTIC_POLICY": "bsp"}), timeout=240)
+    assert _finals(res, 3, 80) == ["3", "2", "3"]
+    print(f"removed and added back: {res.elapsed:.1f} s")
+
+
+def test_bsp_recovers_when_a_rank_is_killed_and_its_host_comes_back(tmp_path):
+    cmd = _elastic_command(tmp_path, "localhost:1\n127.0.0.1:1\n", np=2, min_np=1,
+                           extra=["--steps", 60, "--kill-at", 15, "--wait", "25:2"])
+    res = run(cmd, job_env({"HVD_ELASTIC_POLICY": "bsp"}), timeout=240)
+    assert len(res.lines_with("KILLED rank=")) == 1, res.output[-4000:]
+    assert _finals(res, 2, 60) == ["2", "1", "2"]
+    print(f"killed and replaced: {res.elapsed:.1f} s")
+
+
+@pytest.mark.parametrize("policy", ["asp", "lbbsp"])
+def test_other_policies_refuse_elastic_horovod_with_one_line_per_rank(tmp_path, policy):
+    cmd = _elastic_command(tmp_path, "localhost:2\n", np=2, min_np=1)
+    res = run(cmd, job_env({"HVD_ELASTIC_POLICY": policy}), timeout=180)
+    out = res.output
+    assert not res.timed_out, out[-4000:]
+    assert res.returncode != 0, out[-4000:]
+    lines = [line for line in out.splitlines() if "hvd_elastic: error:" in line]
+    text = f"HVD_ELASTIC_POLICY='{policy}' does not support elastic Horovod"
+    assert lines and all(text in line and "elastic jobs run policy bsp" in line for line in lines), out[-4000:]
+    # one line per rank that started (the launcher prefixes the rank), no traceback
+    ranks = {re.match(r"^\[(\d+)\]", line).group(1) for line in lines if re.match(r"^\[\d+\]", line)}
+    assert ranks >= {"0", "1"}, out[-4000:]
+    # no traceback from the ranks (horovodrun's own RuntimeError about the failed workers is the launcher's)
+    tracebacks = [line for line in out.splitlines() if re.match(r"^\[\d+\]<std", line) and "Traceback" in line]
+    assert not tracebacks, out[-4000:]
+    print(f"{policy}: refused, job ended in {res.elapsed:.1f} s")

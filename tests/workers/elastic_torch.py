@@ -1,0 +1,93 @@
+"""A Horovod elastic job (horovodrun --elastic, Gloo) with hvd_elastic.torch.DistributedOptimizer, as a Horovod
+user writes it: TorchState(model, optimizer, batch), ``@hvd.elastic.run``, ``state.commit()`` every step.
+
+The rank set changes mid-run in one of two ways:
+- through the host discovery script, which prints the file given by --hosts-file: at step --remove-at rank 0
+  writes ``localhost:<np - 1>`` (the driver stops a worker, the others re-form the job), at step --add-at
+  ``localhost:<np>`` again (a new worker starts this script from the top, joins, and is brought to the same state by
+  state.sync());
+- by a crash: at step --kill-at the worker on host 127.0.0.1 (the discovery script lists ``localhost:1`` and
+  ``127.0.0.1:1``, two names of this machine) SIGKILLs itself, once (a marker file next to --hosts-file); the
+  survivor gets HorovodInternalError, restores the last commit and goes on alone; the driver blacklists the host for
+  the cooldown, then starts a new worker there, which joins.
+``--wait STEP:SIZE`` (repeatable): at that step every rank commits until the job has SIZE ranks, so the changes
+land at known steps however long the driver takes.
+
+Prints, per rank at the end: ``ELASTIC rank=<r> size=<n> batch=<b> sizes=<sizes seen by rank 0's state>
+digest=<crc32 of the weights>``, and rank 0 the plugin's report (HVD_ELASTIC_REPORT is on).
+"""
+import argparse
+import os
+import signal
+import time
+import zlib
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+
+import hvd_elastic.torch as hvde
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--hosts-file", required=True)
+ap.add_argument("--np", type=int, default=3)
+ap.add_argument("--steps", type=int, default=120)
+ap.add_argument("--remove-at", type=int, default=-1)
+ap.add_argument("--add-at", type=int, default=-1)
+ap.add_argument("--kill-at", type=int, default=-1)
+ap.add_argument("--wait", action="append", default=[], help="STEP:SIZE")
+ap.add_argument("--step-sleep", type=float, default=0.05)
+args = ap.parse_args()
+waits = dict(tuple(map(int, w.split(":"))) for w in args.wait)
+
+hvd.init()
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+sgd = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
+opt = hvde.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
+state = hvd.elastic.TorchState(model=model, optimizer=opt, batch=0, sizes=[])
+
+
+def write_hosts(slots):
+    tmp = args.hosts_file + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(f"localhost:{slots}\n")
+    os.replace(tmp, args.hosts_file)
+
+
+@hvd.elastic.run
+def train(state):
+    while state.batch < args.steps:
+        g = torch.Generator().manual_seed(1000 * state.batch + hvd.rank())
+        x = torch.randn(16, 8, generator=g)
+        y = x.sum(1, keepdim=True)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        state.batch += 1
+        if not state.sizes or state.sizes[-1] != hvd.size():
+            state.sizes = state.sizes + [hvd.size()]
+        if hvd.rank() == 0 and state.batch == args.remove_at:
+            write_hosts(args.np - 1)
+        if hvd.rank() == 0 and state.batch == args.add_at:
+            write_hosts(args.np)
+        marker = args.hosts_file + ".killed"
+        if state.batch == args.kill_at and os.environ.get("HOROVOD_HOSTNAME") == "127.0.0.1" \
+                and not os.path.exists(marker):
+            open(marker, "w").close()
+            print(f"KILLED rank={hvd.rank()} at batch {state.batch}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(args.step_sleep)
+        state.commit()
+        while state.batch in waits and hvd.size() != waits[state.batch]:
+            time.sleep(0.2)
+            state.commit()      # raises HostsUpdatedInterrupt once the driver changed the rank set
+
+
+train(state)
+hvde.finish(opt)
+weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+digest = zlib.crc32(np.ascontiguousarray(weights).tobytes())
+print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.batch} "
+      f"sizes={','.join(map(str, state.sizes))} digest={digest}", flush=True)

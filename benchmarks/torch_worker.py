@@ -92,12 +92,12 @@ def main():
         return local * size if policy == "horovod" else hvde.global_steps(opt)
 
     if policy == "wbsp":
-        # the global model W the ranks download (numpy, trainable parameters flattened in model.parameters()
-        # order); publish() replaces the array, the copy keeps this snapshot's values
-        engine = opt._hvd_elastic.engine
+        # the global model W the ranks download (trainable parameters flattened in model.parameters() order);
+        # publish() overwrites it in place, the copy keeps this snapshot's values
+        updates = opt._hvd_elastic.engine.updates
 
         def weights():
-            return torch.from_numpy(np.array(engine.published, dtype=np.float32, copy=True))
+            return updates.published.detach().to(torch.float32).clone()
     else:
         def weights():
             return torch.cat([p.detach().reshape(-1) for p in params])

@@ -43,6 +43,29 @@ class Session:
         self.telemetry.emulated_s += slept
         return compute + slept
 
+    def relaxed_step(self, accumulate: Optional[Callable[[Any, float], None]] = None,
+                     local_step: Optional[Callable[[], None]] = None):
+        """One training step under a relaxed policy, the sequence every frontend shares: this step's compute (since
+        the last step ended, plus emulated delay), the local optimizer step of delta policies (``local_step()``,
+        timed as compute), the engine's push / pull / gate (engine.SyncEngine.step), the step's accounting.
+        ``accumulate(dst, alpha)``: gradient policies' push (adds alpha x this step's gradient into dst)."""
+        compute = self.begin_step()
+        if local_step is not None:
+            t0 = time.perf_counter()
+            local_step()
+            compute += time.perf_counter() - t0
+        self.engine.step(accumulate, compute)
+        self.telemetry.add_step(compute)
+        self.last_step_end = time.perf_counter()
+
+    def global_steps(self) -> int:
+        """Steps taken by all ranks together, as far as this rank knows: exact in lock-step (bsp, lbbsp); under
+        relaxed policies the others' delivered clocks plus this rank's own steps."""
+        if self.engine is None:
+            return self.telemetry.steps * self.size
+        view, own = self.engine.view, self.engine.ticker.clock
+        return int(view.clocks.sum() - view.clocks[self.rank] + own)
+
     def finish(self) -> Dict[str, Any]:
         """Collective: flush every update, final sync, end-of-run report (idempotent)."""
         if self.report is None:

@@ -2,15 +2,10 @@
 
 Framework-free: updates travel in flat buffers of the frontend's own tensor type, made and combined by its
 ``Buffers`` (engine/buffers.py: numpy for TensorFlow, torch tensors for PyTorch). The frontend supplies
-``allreduce_sum(buffers, name)`` (an in-place Sum allreduce over all ranks, with Horovod's ops) and, by the
-policy's update kind:
-- "gradient" policies (asp, ssp, dssp, zipline): each step hands ``accumulate(dst, alpha)`` (adds alpha x this
-  step's gradient into dst in place); ``apply_gradient(update, scale)`` runs one optimizer step on the replica with
-  gradient scale x update, scale = 1 / n (update: the sum of a tick's gradients). Every rank applies the same
-  ticks in the same order, so the replicas (weights and optimizer state) stay identical: the parameter server's
-  role, played by every rank.
-- "delta" policies (wbsp): each rank trains its own copy and pushes model deltas; the engine keeps the global model
-  W (W += sum of deltas / n per tick) and ``read_params()`` / ``write_params(w)`` move weights in and out.
+``allreduce_sum(buffers, name)`` (an in-place Sum allreduce over all ranks, with Horovod's ops) and the callbacks
+of the policy's update kind (engine/updates.py): ``apply_gradient(update, scale)`` for gradient policies (one
+optimizer step on the replica with gradient scale x update), ``read_params()`` / ``write_params(w)`` for delta
+policies (wbsp).
 
 Per training step the frontend calls :meth:`SyncEngine.step`. The engine pushes the update, applies completed
 ticks in tick order (pull) and blocks while the policy's gate is closed, applying ticks as they arrive. A rank held
@@ -47,24 +42,21 @@ class SyncEngine:
         self.policy, self.rank, self.size = policy, rank, size
         self.buffers = buffers
         self.telemetry = telemetry
-        self.apply_gradient, self.read_params, self.write_params = apply_gradient, read_params, write_params
+        self.read_params = read_params   # also for replica checks (zipline's barrier digest)
         self.view = GlobalView(size)
         self.stall_timeout_s = stall_timeout_s
         self.pushed = 0                  # updates this rank pushed
         self.applied_contributions = 0   # sum of push counts over the ticks this rank applied (all ranks' pushes)
         self.finished = False
-        self._busy_s = 0.0               # time spent applying updates (counted as compute, not wait)
+        self.busy_s = 0.0                # time spent applying updates (counted as compute, not wait)
         self._backlog: Deque[Tick] = collections.deque()   # completed ticks taken but not applied yet
         # Staleness (engine/staleness.py): updates held by the weights this rank computes its next update on, and
         # (clock, that count) for each own push not applied yet.
         self.staleness = StalenessLog()
-        self._applied_at_read = 0
+        self.applied_at_read = 0
         self._unapplied: Deque = collections.deque()
-        self._published_applied = 0
-        if policy.kind == "delta":
-            self.global_model = buffers.clone(read_params())   # W, identical on every rank at start
-            self.last_upload = buffers.clone(self.global_model)
-            self.published = buffers.clone(self.global_model)  # W as of the last downloadable tick
+        self.updates = policy.updates(self, apply_gradient=apply_gradient, read_params=read_params,
+                                      write_params=write_params)
         # Peer alignment (HVD_ELASTIC_PEER_WAIT) also bounds how long a tick holds pushes for ranks due to push.
         self.ticker = Ticker(numel, buffers, rank, size, allreduce_sum, tick_s=tick_s, epoch_ns=epoch_ns,
                              name=tick_name, hold_fraction=policy.cfg.peer_wait)
@@ -75,49 +67,39 @@ class SyncEngine:
         """Push this step's update, pull completed ticks, and wait while the policy's gate is closed.
 
         Gradient policies: ``accumulate(dst, alpha)`` adds alpha x the gradient into dst. Delta policies: pass
-        None; the engine pushes the delta read_params() - last upload."""
+        None (the update is the delta of read_params() since the last upload)."""
         t0 = time.perf_counter()
-        busy0 = self._busy_s
-        buffers = self.buffers
+        busy0 = self.busy_s
         weight = 1.0
         if self.policy.compensation != "none":
             weight = compensation_weight(self.policy.compensation,
-                                         self.ticker.updates_before_next_push(self._applied_at_read), self.size)
+                                         self.ticker.updates_before_next_push(self.applied_at_read), self.size)
         self.staleness.add_weight(weight)
-        if self.policy.kind == "delta":
-            w = self.read_params()
-
-            def accumulate(dst, alpha, w=w, last=self.last_upload):
-                buffers.add_(dst, w, alpha)
-                buffers.add_(dst, last, -alpha)
-        self.ticker.push(lambda dst: accumulate(dst, weight), int(compute_s * 1e9))
-        if self.policy.kind == "delta":
-            buffers.copy_(self.last_upload, w)   # after the push: the delta was read from it
-        self._unapplied.append((self.ticker.clock, self._applied_at_read))
-        if self.policy.kind == "delta":
-            self._applied_at_read += 1   # the rank's own copy holds this delta already (see staleness.py)
+        add = self.updates.push_function(accumulate)
+        self.ticker.push(lambda dst: add(dst, weight), int(compute_s * 1e9))
+        self._unapplied.append((self.ticker.clock, self.applied_at_read))
+        self.updates.pushed()
         self.pushed += 1
         self.telemetry.count("pushes")
         self.policy.on_push(self.ticker.clock)
         self._pull(block=False, until_open=self.policy.blocked_by(self.ticker.clock) == "wait")
-        self.telemetry.comm_s += (time.perf_counter() - t0) - (self._busy_s - busy0)
+        self.telemetry.comm_s += (time.perf_counter() - t0) - (self.busy_s - busy0)
         self._gate()
         self.policy.on_proceed(self.ticker.clock)
-        if self.policy.kind == "gradient":
-            self._applied_at_read = self.applied_contributions   # the replica the next step computes on
-        self.telemetry.compute_s += self._busy_s - busy0
+        self.updates.proceeding()
+        self.telemetry.compute_s += self.busy_s - busy0
 
     def _gate(self):
         """Block while the policy says so; time blocked on own uploads is communication, the rest waiting."""
         last_progress = time.monotonic()
         while True:
-            t0, busy0 = time.perf_counter(), self._busy_s
+            t0, busy0 = time.perf_counter(), self.busy_s
             reason = self.policy.blocked_by(self.ticker.clock)
             if reason is None:
                 return
             _watchdog.enter(f"the {self.policy.name} gate")
             progressed = self._pull(block=True, timeout=1.0, until_open=reason == "wait")
-            blocked = (time.perf_counter() - t0) - (self._busy_s - busy0)
+            blocked = (time.perf_counter() - t0) - (self.busy_s - busy0)
             if reason == "comm":
                 self.telemetry.comm_s += blocked
             else:
@@ -135,15 +117,6 @@ class SyncEngine:
         if self.ticker.stopped:
             raise HvdElasticError(f"ticks stopped while waiting at the {what}")
         _watchdog.enter(f"the {self.policy.name} {what}")
-
-    def download(self):
-        """Delta policies: replace this rank's weights by the last published global model."""
-        t0 = time.perf_counter()
-        self.write_params(self.published)
-        self.buffers.copy_(self.last_upload, self.published)
-        self._applied_at_read = self._published_applied
-        self.telemetry.count("downloads")
-        self._busy_s += time.perf_counter() - t0
 
     def _pull(self, block: bool, timeout: Optional[float] = None, until_open: bool = False) -> int:
         """Apply completed ticks in tick order; returns how many. block: wait (up to timeout) for one when none is
@@ -165,21 +138,12 @@ class SyncEngine:
             self.staleness.add(self.applied_contributions - applied_at_read, clock)
         if tick.update is not None:
             t0 = time.perf_counter()
-            if self.policy.kind == "gradient":
-                self.apply_gradient(tick.update, 1.0 / self.size)
-            else:
-                self.buffers.add_(self.global_model, tick.update, 1.0 / self.size)
+            self.updates.apply(tick.update)
             self.ticker.recycle(tick)
-            self._busy_s += time.perf_counter() - t0
+            self.busy_s += time.perf_counter() - t0
             self.applied_contributions += tick.total_count
             self.telemetry.count("ticks_applied")
         self.policy.on_tick(tick, self.view)
-
-    def publish(self):
-        """Delta policies: the current global model becomes the one downloads see (policy decides when)."""
-        self.buffers.copy_(self.published, self.global_model)
-        self._published_applied = self.applied_contributions
-        self.telemetry.count("publishes")
 
     def _wait_until(self, condition: Callable[[], bool], what: str):
         last_progress = time.monotonic()
@@ -200,9 +164,7 @@ class SyncEngine:
         self._wait_until(lambda: self.ticker.stopped, "final barrier")
         self._pull(block=False)
         self.ticker.join(timeout=self.stall_timeout_s)
-        if self.policy.kind == "delta":
-            self.publish()
-            self.download()
+        self.updates.finish()
         self.finished = True
         self.telemetry.wait_s += time.perf_counter() - t0
         self.telemetry.counters.update({
@@ -210,6 +172,4 @@ class SyncEngine:
             "payload_collectives": self.ticker.payload_collectives, "bytes_reduced": self.ticker.bytes_reduced,
             "tick_comm_s": round(self.ticker.comm_s, 3), "pushed": self.pushed,
             "applied_contributions": self.applied_contributions, **self.staleness.counters()})
-        if self.policy.kind == "gradient":
-            self.telemetry.counters["max_inflight"] = self.policy.max_inflight
         self.policy.finish()

@@ -19,13 +19,14 @@ import numpy as np
 
 from .. import _native
 from .ticker import COUNT
+from .updates import DeltaUpdates, GradientUpdates
 
 
 class Policy:
     """Base: ASP-like (never waits). Subclasses override the gate."""
 
     name = "base"
-    kind = "gradient"   # "gradient": push gradients, apply ticks with the optimizer; "delta": push model deltas
+    updates = GradientUpdates   # the update kind (engine/updates.py): gradients applied on a shared replica
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -84,7 +85,7 @@ class Policy:
             return "comm"
         if not self.may_proceed(clock):
             return "wait"
-        return "wait" if self.kind == "gradient" and self.waits_for_peers(clock) else None
+        return "wait" if self.updates.align_peers and self.waits_for_peers(clock) else None
 
     PEER_SPEED = 1.25   # a rank whose step time is within this factor of this rank's is a peer
 
@@ -272,7 +273,7 @@ class Wbsp(Policy):
     most one upload in flight, without it none (it waits for its own upload to land: communication)."""
 
     name = "wbsp"
-    kind = "delta"
+    updates = DeltaUpdates
     SLOWEST_HISTORY = 8   # iteration times per rank the slowest-rank estimate takes the median of
 
     @property
@@ -302,7 +303,7 @@ class Wbsp(Policy):
         fresh = (view.clocks[self.slowest] > self.published_clocks[self.slowest]) if self.slowest >= 0 \
             else bool(uploaded)
         if fresh:
-            self.engine.publish()
+            self.engine.updates.publish()
             self.publishes += 1
             self.published_clocks = view.clocks.copy()
 
@@ -312,7 +313,7 @@ class Wbsp(Policy):
             if self.slowest >= 0 and self.published_clocks[self.slowest] <= self.downloaded_clocks[self.slowest]:
                 self.stale_downloads += 1
             self.downloaded_clocks = self.published_clocks.copy()
-            self.engine.download()
+            self.engine.updates.download()
             self.state.on_download(self.rank)
 
     def finish(self):

@@ -103,7 +103,7 @@ class SyncCallback(keras.callbacks.Callback):
             model.make_train_function(force=True)
         mode = None
         if policy != "bsp":
-            mode = "local" if state.kind == "delta" else "defer"
+            mode = "local" if state.local_step else "defer"
             if state.mode != mode and model.train_function is not None:
                 model.make_train_function(force=True)   # retrace with the new apply mode
         state.start(model.trainable_variables, model_variables=model.variables, root_rank=self.root_rank, mode=mode)

@@ -134,7 +134,8 @@ class ElasticState:
         self.optimizer, self.base_cls, self.policy_kwargs, self.frontend = optimizer, base_cls, policy_kwargs, frontend
         self.session = _session(cfg)
         self.mode = "bsp" if cfg.policy == "bsp" else "eager"
-        self.kind = make_policy(cfg).kind if cfg.policy in RELAXED_POLICIES else None
+        # Delta policies (wbsp) step the rank's own copy before the push (engine/updates.py).
+        self.local_step = make_policy(cfg).updates.local_step if cfg.policy in RELAXED_POLICIES else False
         self.blocked = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="hvd_elastic_blocked")
         self.flat: Optional[_FlatVars] = None
         self.buffers: Optional[List[tf.Variable]] = None
@@ -211,19 +212,17 @@ class ElasticState:
         s.telemetry.add_step(compute + slept, blocked)
         s.last_step_end = time.perf_counter()
 
-    def relaxed_step(self, flat_grad: Optional[np.ndarray]):
-        """Hand this step's update to the engine (gradient, or None for delta policies) and apply delivered ticks."""
+    def relaxed_step(self, flat_grad: Optional[np.ndarray], local_step=None):
+        """Hand this step's update to the engine (the flat gradient, or None for delta policies, whose local step
+        ran already or is `local_step`) and apply delivered ticks."""
         s = self.session
         if s.engine is None or s.engine.finished:
             raise HvdElasticError("training step after finish() (or before training started): start a new "
                                   "DistributedOptimizer / model.fit for more training")
-        compute = s.begin_step()   # since the last step ended: forward, backward (wbsp: the local step too)
         if flat_grad is None:     # delta policies: the engine reads the weights
-            s.engine.step(None, compute)
+            s.relaxed_step(local_step=local_step)
         else:
-            s.engine.step(lambda dst, alpha: s.engine.buffers.add_(dst, flat_grad, alpha), compute)
-        s.telemetry.add_step(compute)
-        s.last_step_end = time.perf_counter()
+            s.relaxed_step(lambda dst, alpha: s.engine.buffers.add_(dst, flat_grad, alpha))
 
     def lbbsp_step(self):
         """One lbbsp step (eager, model.fit): the synchronous weighted exchange of the stored gradient (this rank's
@@ -240,11 +239,7 @@ class ElasticState:
         return self.flat.flatten(self.buffers)
 
     def global_steps(self) -> int:
-        s = self.session
-        if s.engine is None:
-            return s.telemetry.steps * s.size
-        view, own = s.engine.view, s.engine.ticker.clock
-        return int(view.clocks.sum() - view.clocks[s.rank] + own)
+        return self.session.global_steps()
 
 
 # Horovod's Keras DistributedOptimizer keyword arguments (horovod.tensorflow.keras, v0.28.1) and their defaults.
@@ -345,10 +340,10 @@ def _elastic_apply(self, grads, trainable_variables=None):
                           f"hvd_elastic.keras.SyncCallback() to the callbacks")
     if not state.started:
         state.start(trainable_variables if trainable_variables is not None else self._trainable_variables)
-    if state.kind == "delta":
+    if state.local_step:
         # A local step on this rank's own copy (compute), through the same tf.function as the ticks.
-        state._apply_flat(tf.convert_to_tensor(state.flat.flatten(grads)))
-        state.relaxed_step(None)
+        flat_grad = tf.convert_to_tensor(state.flat.flatten(grads))
+        state.relaxed_step(None, local_step=lambda: state._apply_flat(flat_grad))
     else:
         state.relaxed_step(state.flat.flatten(grads))
     return None

@@ -92,23 +92,19 @@ def _relaxed_step(self, closure=None):
     if engine.finished:
         raise HvdElasticError("optimizer.step() after finish(opt): this optimizer's training has ended; build a new "
                               "hvd_elastic.torch.DistributedOptimizer for more training")
-    compute = session.begin_step()
-    flat = self._hvd_elastic_flat
-    if engine.policy.kind == "delta":
+    if engine.updates.local_step:             # wbsp: a local step on this rank's own copy, then its delta
+        session.relaxed_step(local_step=self._hvd_elastic_inner_step)
+        return loss
+    refuse_sparse_gradients(self, session.cfg.policy)
+    session.relaxed_step(self._hvd_elastic_flat.accumulate_gradients)
+    if engine.applied_contributions == 0:
+        # The optimizer state (momentum, Adam moments) is created by the first applied tick. Waiting for it once
+        # here (already so under HVD_ELASTIC_MAX_INFLIGHT=0) gives every rank the same state *structure* from its
+        # first step on, so collective helpers that walk the state (broadcasts) match across ranks.
         t0 = time.perf_counter()
-        self._hvd_elastic_inner_step()        # a local step on this rank's own copy
-        compute += time.perf_counter() - t0
-        engine.step(None, compute)
-    else:
-        refuse_sparse_gradients(self, session.cfg.policy)
-        engine.step(flat.accumulate_gradients, compute)
-        if engine.applied_contributions == 0:
-            # The optimizer state (momentum, Adam moments) is created by the first applied tick. Waiting for it once
-            # here (already so under HVD_ELASTIC_MAX_INFLIGHT=0) gives every rank the same state *structure* from its
-            # first step on, so collective helpers that walk the state (broadcasts) match across ranks.
-            engine._wait_until(lambda: engine.applied_contributions > 0, "first update")
-    session.telemetry.add_step(compute)
-    session.last_step_end = time.perf_counter()
+        engine._wait_until(lambda: engine.applied_contributions > 0, "first update")
+        session.last_step_end = time.perf_counter()
+        session.telemetry.wait_s += session.last_step_end - t0
     return loss
 
 
@@ -145,7 +141,7 @@ def sync_replicas(optimizer):
     wbsp (optimizer state is per rank by design), lbbsp and bsp (lock-step) and finished optimizers."""
     session = getattr(optimizer, "_hvd_elastic", None)
     engine = getattr(session, "engine", None)
-    if engine is None or engine.finished or engine.policy.kind != "gradient":
+    if engine is None or engine.finished or not engine.updates.replicated:
         return
     t0 = time.perf_counter()
     ticker = engine.ticker
@@ -167,7 +163,7 @@ def sync_replicas(optimizer):
             engine._check_stall(last_progress, "replica sync")
     while engine._backlog and engine._backlog[0].index < target:
         engine._apply(engine._backlog.popleft())
-    engine._applied_at_read = engine.applied_contributions   # the replica the next step computes on
+    engine.applied_at_read = engine.applied_contributions    # the replica the next step computes on
     session.telemetry.wait_s += time.perf_counter() - t0
 
 
@@ -315,10 +311,7 @@ def global_steps(optimizer) -> int:
     session = getattr(optimizer, "_hvd_elastic", None)
     if session is None:
         raise TypeError("global_steps() takes an optimizer made by hvd_elastic.torch.DistributedOptimizer")
-    if session.engine is None:
-        return session.telemetry.steps * session.size
-    view, own = session.engine.view, session.engine.ticker.clock
-    return int(view.clocks.sum() - view.clocks[session.rank] + own)
+    return session.global_steps()
 
 
 def finish(optimizer) -> Dict[str, Any]:

@@ -1,0 +1,109 @@
+"""The two kinds of update a relaxed policy exchanges, one class each; a policy names its kind (``Policy.updates``)
+and the engine (engine.py) holds one instance, so no code asks which kind it runs.
+
+- :class:`GradientUpdates` (asp, ssp, dssp, zipline): each step pushes this rank's gradient; every tick's sum is
+  applied with the optimizer, scale 1 / n, on every rank's replica, in tick order -- the parameter server's role,
+  played by every rank, so weights and optimizer state stay identical everywhere.
+- :class:`DeltaUpdates` (wbsp): each rank trains its own copy with its own optimizer (a local step, then the push)
+  and pushes model deltas; the engine keeps the global model W (W += tick sum / n), which the policy publishes and
+  a rank downloads into its copy.
+
+Both work on the frontend's buffers (engine/buffers.py) and the callbacks the frontend gives the engine.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional
+
+
+class GradientUpdates:
+    """Push gradients, apply every tick with the optimizer on the shared replica."""
+
+    local_step = False    # the frontend runs no optimizer step of its own before the push
+    replicated = True     # weights and optimizer state are the same on every rank (collective helpers may rely on it)
+    align_peers = True    # peer alignment (HVD_ELASTIC_PEER_WAIT): equally fast ranks compute on the same replica
+
+    def __init__(self, engine, apply_gradient: Optional[Callable[[Any, float], None]] = None, **_):
+        if apply_gradient is None:
+            raise TypeError("gradient policies need apply_gradient")
+        self.engine, self.apply_gradient = engine, apply_gradient
+
+    def push_function(self, accumulate: Callable[[Any, float], None]) -> Callable[[Any, float], None]:
+        """What the push adds into the send buffer: ``accumulate(dst, alpha)`` (alpha x this step's gradient)."""
+        return accumulate
+
+    def pushed(self):
+        pass
+
+    def apply(self, update):
+        self.apply_gradient(update, 1.0 / self.engine.size)
+
+    def proceeding(self):
+        """The rank starts its next step: it computes on the replica as of now (staleness bookkeeping)."""
+        e = self.engine
+        e.applied_at_read = e.applied_contributions
+
+    def finish(self):
+        self.engine.telemetry.counters["max_inflight"] = self.engine.policy.max_inflight
+
+
+class DeltaUpdates:
+    """Push model deltas of this rank's own copy; keep, publish and download the global model."""
+
+    local_step = True
+    replicated = False    # optimizer state is per rank by design
+    align_peers = False
+
+    def __init__(self, engine, read_params: Optional[Callable[[], Any]] = None,
+                 write_params: Optional[Callable[[Any], None]] = None, **_):
+        if read_params is None or write_params is None:
+            raise TypeError("delta policies need read_params and write_params")
+        self.engine, self.read_params, self.write_params = engine, read_params, write_params
+        b = engine.buffers
+        self.global_model = b.clone(read_params())    # W, identical on every rank at start
+        self.last_upload = b.clone(self.global_model)
+        self.published = b.clone(self.global_model)   # W as of the last downloadable tick
+        self.published_applied = 0                    # updates inside `published`
+        self._w = None
+
+    def push_function(self, accumulate=None) -> Callable[[Any, float], None]:
+        """The delta since the last upload (or download): this rank's weights - last upload."""
+        b, w, last = self.engine.buffers, self.read_params(), self.last_upload
+        self._w = w
+
+        def add_delta(dst, alpha):
+            b.add_(dst, w, alpha)
+            b.add_(dst, last, -alpha)
+        return add_delta
+
+    def pushed(self):
+        self.engine.buffers.copy_(self.last_upload, self._w)   # after the push: the delta was read from it
+        self._w = None
+        self.engine.applied_at_read += 1   # the rank's own copy holds this delta already (see staleness.py)
+
+    def apply(self, update):
+        self.engine.buffers.add_(self.global_model, update, 1.0 / self.engine.size)
+
+    def proceeding(self):
+        pass
+
+    def publish(self):
+        """The current global model becomes the one downloads see (the policy decides when)."""
+        e = self.engine
+        e.buffers.copy_(self.published, self.global_model)
+        self.published_applied = e.applied_contributions
+        e.telemetry.count("publishes")
+
+    def download(self):
+        """Replace this rank's weights by the last published global model (time counted as computation)."""
+        e = self.engine
+        t0 = time.perf_counter()
+        self.write_params(self.published)
+        e.buffers.copy_(self.last_upload, self.published)
+        e.applied_at_read = self.published_applied
+        e.telemetry.count("downloads")
+        e.busy_s += time.perf_counter() - t0
+
+    def finish(self):
+        self.publish()
+        self.download()

@@ -2,9 +2,10 @@
 
 The engine never touches a framework tensor directly: it asks its ``Buffers`` to allocate, zero, accumulate and
 scale flat buffers, and to move the tick metadata (a few hundred words, always numpy on the engine's side) in and
-out of a buffer's tail. ``NumpyBuffers`` serves the TensorFlow frontend (whose variables are copied through numpy
-anyway) and the tests; the PyTorch frontend supplies ``TorchBuffers`` (hvd_elastic/torch/buffers.py), so that its
-updates stay torch tensors, on the device they live on, from backward to the tick and back.
+out of a buffer's tail. The frontends supply their own: ``TorchBuffers`` (hvd_elastic/torch/buffers.py: torch
+tensors, on the device they live on) and ``TfBuffers`` (hvd_elastic/tensorflow/buffers.py: tf.Variables), so that
+updates stay framework tensors from backward to the tick and back. ``NumpyBuffers`` (below) is the reference
+implementation, used by the tests.
 
 Every operation is in place on preallocated buffers: no model-sized allocation per push, per tick or per apply.
 """

@@ -24,11 +24,11 @@ import numpy as np
 import tensorflow as tf
 
 from .. import config as _config
-from ..engine.buffers import NumpyBuffers
 from ..engine.engine import SyncEngine
 from ..engine.policies import RELAXED_POLICIES, make_policy
 from ..errors import ConfigError, HvdElasticError
 from ..session import Session
+from .buffers import TfBuffers
 
 # Policies each frontend can run (lbbsp needs its data path: hvd_elastic.keras.lbbsp_dataset for model.fit).
 IMPLEMENTED_POLICIES = {"Keras": ("bsp", "lbbsp") + tuple(RELAXED_POLICIES),
@@ -69,21 +69,26 @@ def broadcast_variables(variables, root_rank: int = 0, name: str = "hvd_elastic.
 _TICK_FUNCTIONS: Dict[Any, Any] = {}
 
 
-def _allreduce_sum(arrays, name):
-    """In-place Sum allreduce of numpy arrays over all ranks (the engine's data plane; runs on the tick thread).
+def _allreduce_sum(buffers, name):
+    """In-place Sum allreduce over all ranks of flat buffers: tf.Variables (the engine's data plane, on the tick
+    thread) or numpy arrays (LB-BSP's exchange).
 
     Through a tf.function: an eager Horovod TF op is negotiated under its op type's name whatever ``name`` says, so
     an eager tick would collide with any other eager collective the training thread has in flight (metric
     averaging, broadcasts); inside a graph the op carries ``name``."""
-    for i, a in enumerate(arrays):
-        key = (name, i, a.shape, a.dtype.str)
+    for i, b in enumerate(buffers):
+        dtype = tf.as_dtype(b.dtype)
+        key = (name, i, tuple(b.shape), dtype.name)
         fn = _TICK_FUNCTIONS.get(key)
         if fn is None:
             op_name = f"{name}.{i}".replace(".", "_")
             fn = tf.function(lambda t, _n=op_name: hvd.allreduce(t, op=hvd.Sum, name=_n), autograph=False,
-                             jit_compile=False, input_signature=[tf.TensorSpec(a.shape, tf.as_dtype(a.dtype))])
+                             jit_compile=False, input_signature=[tf.TensorSpec(b.shape, dtype)])
             _TICK_FUNCTIONS[key] = fn
-        a[...] = fn(tf.convert_to_tensor(a)).numpy()
+        if isinstance(b, np.ndarray):
+            b[...] = fn(tf.convert_to_tensor(b)).numpy()
+        else:
+            b.assign(fn(b.value()))
 
 
 class _FlatVars:
@@ -100,23 +105,20 @@ class _FlatVars:
         self.sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
         self.numel = int(sum(self.sizes))
 
-    def weights(self) -> np.ndarray:
-        return np.concatenate([_np(v).reshape(-1) for v in self.variables]).astype(self.dtype, copy=False)
+    def weights(self) -> tf.Tensor:
+        return tf.cast(tf.concat([tf.reshape(v, [-1]) for v in self.variables], 0), self.dtype)
 
-    def set_weights(self, w: np.ndarray):
-        off = 0
-        for v, s, n in zip(self.variables, self.shapes, self.sizes):
-            v.assign(w[off:off + n].reshape(s))
-            off += n
+    def set_weights(self, w):
+        w = w.value() if isinstance(w, tf.Variable) else tf.convert_to_tensor(w)
+        for v, part in zip(self.variables, self.split(w)):
+            v.assign(part)
 
-    def flatten(self, tensors) -> np.ndarray:
-        out = np.zeros(self.numel, self.dtype)
-        off = 0
-        for t, n in zip(tensors, self.sizes):
-            if t is not None:
-                out[off:off + n] = _np(tf.convert_to_tensor(t)).reshape(-1)
-            off += n
-        return out
+    def flatten(self, tensors) -> tf.Tensor:
+        """One flat tensor of the gradients (zeros for a variable without one)."""
+        parts = [tf.zeros([n], self.dtype) if t is None else tf.reshape(tf.cast(tf.convert_to_tensor(t), self.dtype),
+                                                                          [-1])
+                 for t, n in zip(tensors, self.sizes)]
+        return tf.concat(parts, 0)
 
     def split(self, flat):
         parts = tf.split(flat, self.sizes)
@@ -191,9 +193,10 @@ class ElasticState:
     def _start_engine(self):
         s, flat, apply_flat = self.session, self.flat, self._apply_flat
         epoch_ns = hvd.broadcast_object(time.time_ns(), root_rank=0, name="hvd_elastic.epoch")
-        s.engine = SyncEngine(make_policy(s.cfg), s.rank, s.size, flat.numel, NumpyBuffers(flat.dtype),
-                              _allreduce_sum, s.telemetry, tick_s=s.cfg.tick_ms / 1000.0, epoch_ns=epoch_ns,
-                              apply_gradient=lambda update, scale: apply_flat(tf.convert_to_tensor(update * scale)),
+        buffers = TfBuffers(flat.dtype)
+        s.engine = SyncEngine(make_policy(s.cfg), s.rank, s.size, flat.numel, buffers, _allreduce_sum, s.telemetry,
+                              tick_s=s.cfg.tick_ms / 1000.0, epoch_ns=epoch_ns,
+                              apply_gradient=lambda update, scale: apply_flat(buffers.tensor(update) * scale),
                               read_params=flat.weights, write_params=flat.set_weights)
 
     def finish(self) -> Dict[str, Any]:
@@ -212,7 +215,7 @@ class ElasticState:
         s.telemetry.add_step(compute + slept, blocked)
         s.last_step_end = time.perf_counter()
 
-    def relaxed_step(self, flat_grad: Optional[np.ndarray], local_step=None):
+    def relaxed_step(self, flat_grad: Optional[tf.Tensor], local_step=None):
         """Hand this step's update to the engine (the flat gradient, or None for delta policies, whose local step
         ran already or is `local_step`) and apply delivered ticks."""
         s = self.session
@@ -232,10 +235,10 @@ class ElasticState:
             raise ConfigError("policy lbbsp: the batches must come from hvd_elastic.keras.lbbsp_dataset(optimizer, "
                               "data) (one per step, sized by the policy); this step's batch did not")
         buf = ctl.buffer
-        ctl.step(self.session, self.deferred_gradient(), lambda: _allreduce_sum([buf], "hvd_elastic.lbbsp"),
+        ctl.step(self.session, self.deferred_gradient().numpy(), lambda: _allreduce_sum([buf], "hvd_elastic.lbbsp"),
                  lambda grad: self._apply_flat(tf.convert_to_tensor(grad)))
 
-    def deferred_gradient(self) -> np.ndarray:
+    def deferred_gradient(self) -> tf.Tensor:
         return self.flat.flatten(self.buffers)
 
     def global_steps(self) -> int:

@@ -83,7 +83,8 @@ def main():
             t0[0] = time.perf_counter()
             # the report measures from here (set-up is not training time), as in torch_worker.py
             session = opt._hvd_elastic.session
-            session.telemetry.start = session.last_step_end = t0[0]
+            session.telemetry.restart(t0[0])
+            session.last_step_end = t0[0]
 
     local_steps = args.global_steps // size
     if lbbsp:

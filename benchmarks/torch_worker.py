@@ -114,10 +114,11 @@ def main():
     # The report measures from here, as the reference does: set-up (broadcasts, first optimizer construction) is
     # not training time.
     if telemetry is not None:
-        telemetry.start = t0
+        telemetry.restart(t0)
     else:
         session = opt._hvd_elastic
-        session.telemetry.start = session.last_step_end = t0
+        session.telemetry.restart(t0)
+        session.last_step_end = t0
     for idx in batches():
         if global_steps(local) >= args.global_steps:
             break

@@ -34,6 +34,12 @@ class Telemetry:
         self.counters: Dict[str, Any] = {}
         self.on_step: Optional[Callable[[], None]] = None   # called after every step (the watchdog's progress)
 
+    def restart(self, t0: float):
+        """Measure from `t0` on: time accounted before it (set-up: broadcasts, a replica sync) is dropped."""
+        self.start = t0
+        self.compute_s = self.wait_s = self.comm_s = self.emulated_s = 0.0
+        self.blocked.clear()
+
     def add_step(self, compute_s: float, blocked_s: Optional[float] = None):
         self.steps += 1
         self.compute_s += compute_s

@@ -25,8 +25,12 @@ def _run(launcher, policy, fault, step, target=100000, delay=0.02, extra=None):
     env = {"HVD_ELASTIC_POLICY": policy, "HVD_ELASTIC_STALL_TIMEOUT": str(TIMEOUT_S),
            "HVD_ELASTIC_EMULATE_DELAY": f"*:{delay}", "HVD_ELASTIC_REPORT": "0",
            "TEST_FAULT": fault, "TEST_FAULT_RANK": "1", "TEST_FAULT_STEP": str(step), **(extra or {})}
-    res = launch(launcher, 2, "tests/workers/relaxed_train.py", ["/tmp", "--mode", "train", "--target", target],
-                 env=env, timeout=120)
+    if policy == "lbbsp":     # its own worker: batches from LbbspSampler, sized per rank by the policy
+        env["HVD_ELASTIC_GLOBAL_BATCH"] = "64"
+        script, args = "tests/workers/lbbsp_train.py", ["/tmp", "--mode", "train", "--steps", target]
+    else:
+        script, args = "tests/workers/relaxed_train.py", ["/tmp", "--mode", "train", "--target", target]
+    res = launch(launcher, 2, script, args, env=env, timeout=120)
     end = time.time()
     assert not res.timed_out, "the job hung after the fault:\n" + res.output[-3000:]
     assert res.returncode != 0, res.output[-3000:]
@@ -57,6 +61,17 @@ def test_a_stopped_rank_is_named_and_the_job_ends_within_the_timeout(launcher, p
     last = int(re.search(r"last step (\d+)", line).group(1))
     assert last <= 40, line
     # Not before the timeout (rank 0's last progress was before the fault), and not long after it.
+    assert TIMEOUT_S - 1.5 <= after_fault < TIMEOUT_S + SLACK_S, after_fault
+
+
+# One rule for every policy (item 1): the same frozen rank under the policies not covered above, each waiting in a
+# different place (ssp / dssp: the staleness gate; wbsp: its own upload; lbbsp: Horovod's allreduce of the weighted
+# gradients, submitted during backward).
+@pytest.mark.parametrize("policy", ["ssp", "dssp", "wbsp", "lbbsp"])
+def test_a_stopped_rank_is_named_under_every_other_policy(policy):
+    res, after_fault = _run("mpirun", policy, "stop", step=40)
+    _plugin_line_of_rank0(res, "rank 1 stopped making progress", "no heartbeat for",
+                          f"HVD_ELASTIC_STALL_TIMEOUT={TIMEOUT_S} s")
     assert TIMEOUT_S - 1.5 <= after_fault < TIMEOUT_S + SLACK_S, after_fault
 
 

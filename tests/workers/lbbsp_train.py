@@ -23,6 +23,8 @@ import torch.nn.functional as F
 import hvd_elastic.errors as hvde_errors
 import hvd_elastic.torch as hvde
 
+import faults
+
 
 def flat(model):
     return torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
@@ -114,6 +116,7 @@ def train(args):
                     else:   # bsp: the same per-sample cost at the even split, as a per-step delay
                         opt._hvd_elastic.straggler.delay_s = args.recovered_delay * B / hvd.size()
                 sizes.append(hvde.batch_sizes(opt) if lbbsp else [len(xb)] * hvd.size())
+                faults.inject(step, hvd.rank(), hvd.size())     # TEST_FAULT* (tests/test_faults.py)
                 opt.zero_grad()
                 F.cross_entropy(model(xb), yb).backward()
                 opt.step()

@@ -28,6 +28,7 @@ from ..engine.engine import SyncEngine
 from ..engine.policies import RELAXED_POLICIES, make_policy
 from ..errors import ConfigError, HvdElasticError
 from ..session import Session
+from ..wrapping import subclass_in_place
 from .buffers import TfBuffers
 
 # Policies each frontend can run (lbbsp needs its data path: hvd_elastic.keras.lbbsp_dataset for model.fit).
@@ -365,12 +366,10 @@ def wrap_optimizer(optimizer, policy_kwargs: Dict[str, Any], frontend: str,
     horovod_args = check_horovod_arguments(cfg.policy, horovod_args or {})
     if cfg.policy != "bsp" and getattr(optimizer, "gradient_accumulation_steps", None):
         raise ConfigError(f"policy {cfg.policy} does not support gradient_accumulation_steps; use policy bsp")
-    base = optimizer.__class__
-    cls = type(base.__name__, (base,), {"apply": _elastic_apply, "__module__": base.__module__})
-    optimizer.__class__ = cls
+    base = subclass_in_place(optimizer, {"apply": _elastic_apply}, optimizer.__class__.__module__)
     state = ElasticState(optimizer, base, cfg, policy_kwargs, frontend)
     state.horovod_args = horovod_args
-    object.__setattr__(optimizer, "_hvd_elastic", state)
+    object.__setattr__(optimizer, "_hvd_elastic", state)   # bypasses Keras' attribute tracking (not a variable)
     return optimizer
 
 

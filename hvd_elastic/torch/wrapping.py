@@ -17,6 +17,7 @@ import torch
 from horovod.torch.optimizer import DistributedOptimizer as _HOROVOD_DISTRIBUTED_OPTIMIZER
 
 from ..errors import ConfigError
+from ..wrapping import subclass_in_place
 
 # horovod.torch.broadcast_optimizer_state() calls the wrapped optimizer's own step (not ours) for classes of this
 # module; our optimizer classes declare it (see _build_relaxed).
@@ -96,12 +97,11 @@ class SynchronizeProtocol:
 def wrap_class(optimizer, step, extra=None):
     """Make `optimizer` (same object, same state) an instance of a subclass of its own class with our step(),
     Horovod's synchronize protocol and Horovod's optimizer module (see HOROVOD_OPTIMIZER_MODULE)."""
-    base = optimizer.__class__
-    attrs = {"step": step, "__module__": HOROVOD_OPTIMIZER_MODULE}
+    attrs = {"step": step}
     for name in ("synchronize", "skip_synchronize", "set_backward_passes_per_step", "_hvd_elastic_begin_step"):
         attrs[name] = SynchronizeProtocol.__dict__[name]
     attrs.update(extra or {})
-    optimizer.__class__ = type(base.__name__, (base,), attrs)
+    base = subclass_in_place(optimizer, attrs, HOROVOD_OPTIMIZER_MODULE)
     optimizer._hvd_elastic_base = base
     optimizer._hvd_elastic_inner_step = types.MethodType(base.step, optimizer)
     optimizer._synchronized, optimizer._should_synchronize = False, True

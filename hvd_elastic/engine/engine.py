@@ -1,11 +1,11 @@
 """The sync engine: turns a policy's decisions into pushes, pulls and waits around Horovod ticks.
 
 Framework-free: updates travel in flat buffers of the frontend's own tensor type, made and combined by its
-``Buffers`` (engine/buffers.py: numpy for TensorFlow, torch tensors for PyTorch). The frontend supplies
-``allreduce_sum(buffers, name)`` (an in-place Sum allreduce over all ranks, with Horovod's ops) and the callbacks
-of the policy's update kind (engine/updates.py): ``apply_gradient(update, scale)`` for gradient policies (one
-optimizer step on the replica with gradient scale x update), ``read_params()`` / ``write_params(w)`` for delta
-policies (wbsp).
+``Buffers`` (the contract: engine/buffers.py; tf.Variables: tensorflow/buffers.py; torch tensors: torch/buffers.py).
+The frontend supplies ``allreduce_sum(buffers, name)`` (an in-place Sum allreduce over all ranks, with Horovod's
+ops) and the callbacks of the policy's update kind (engine/updates.py): ``apply_gradient(update, scale)`` for
+gradient policies (one optimizer step on the replica with gradient scale x update), ``read_params()`` /
+``write_params(w)`` for delta policies (wbsp).
 
 Per training step the frontend calls :meth:`SyncEngine.step`. The engine pushes the update, applies completed
 ticks in tick order (pull) and blocks while the policy's gate is closed, applying ticks as they arrive. A rank held

@@ -346,7 +346,7 @@ def _elastic_apply(self, grads, trainable_variables=None):
         state.start(trainable_variables if trainable_variables is not None else self._trainable_variables)
     if state.local_step:
         # A local step on this rank's own copy (compute), through the same tf.function as the ticks.
-        flat_grad = tf.convert_to_tensor(state.flat.flatten(grads))
+        flat_grad = state.flat.flatten(grads)
         state.relaxed_step(None, local_step=lambda: state._apply_flat(flat_grad))
     else:
         state.relaxed_step(state.flat.flatten(grads))

@@ -165,6 +165,12 @@ KNOBS = (
          "Relaxed gradient policies: after its update is in, a rank waits at most this fraction of its step time "
          "for peers (ranks about as fast as it is) that are behind, so equally fast ranks compute on the same "
          "weights; slower ranks are never waited for.", ("asp", "ssp", "dssp", "zipline")),
+    Knob("push_at_backward", True, _bool, "0|1",
+         "PyTorch, relaxed gradient policies: push a step's gradient as soon as backward has produced all of it "
+         "(as Horovod starts its allreduce from backward hooks), so the tick runs while the rank still computes "
+         "before step(). A script that changes gradients after backward (optimizer.synchronize() then clipping, "
+         "several backward passes per step) is recognised in its first step and pushes at step() instead.",
+         ("asp", "ssp", "dssp", "zipline")),
     Knob("staleness_compensation", "none", _choice(("none", "inverse", "damped")), "none|inverse|damped",
          "Relaxed gradient policies: scale each gradient by its predicted staleness before it is pushed; inverse: "
          "min(1, n / staleness) (Zhang et al. 2016, lr / staleness), none: unscaled.",
@@ -214,6 +220,7 @@ class Config:
     tick_ms: float = 1.0
     max_inflight: Any = 0
     peer_wait: float = 0.25
+    push_at_backward: bool = True
     staleness_compensation: str = "none"
     emulate_delay: Mapping[Any, float] = dataclasses.field(default_factory=dict)
     emulate_slowdown: Mapping[Any, float] = dataclasses.field(default_factory=dict)

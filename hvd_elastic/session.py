@@ -23,6 +23,7 @@ class Session:
         self.telemetry = Telemetry(rank, size, cfg.policy)
         self.straggler = Straggler.from_config(cfg, rank, size)
         self.last_step_end = time.perf_counter()
+        self._last_compute: Optional[float] = None
         self.engine = None          # SyncEngine under the relaxed policies (built by the frontend)
         self.lbbsp: Optional[LbbspController] = (LbbspController(cfg, rank, size, self.telemetry)
                                                  if cfg.policy == "lbbsp" else None)
@@ -43,18 +44,27 @@ class Session:
         self.telemetry.emulated_s += slept
         return compute + slept
 
+    def push(self, accumulate: Callable[[Any, float], None]):
+        """Push this step's gradient before step() (the frontend calls it when backward has produced all of it);
+        the step() that follows runs :meth:`relaxed_step` with ``pushed=True``. The schedulers' step time is the
+        previous step's (this one's compute is not over yet)."""
+        interval = self._last_compute if self._last_compute is not None else time.perf_counter() - self.last_step_end
+        self.engine.push(accumulate, interval)
+
     def relaxed_step(self, accumulate: Optional[Callable[[Any, float], None]] = None,
-                     local_step: Optional[Callable[[], None]] = None):
+                     local_step: Optional[Callable[[], None]] = None, pushed: bool = False):
         """One training step under a relaxed policy, the sequence every frontend shares: this step's compute (since
         the last step ended, plus emulated delay), the local optimizer step of delta policies (``local_step()``,
-        timed as compute), the engine's push / pull / gate (engine.SyncEngine.step), the step's accounting.
+        timed as compute), the engine's push (unless ``pushed``: :meth:`push` did it) / pull / gate
+        (engine.SyncEngine.step), the step's accounting.
         ``accumulate(dst, alpha)``: gradient policies' push (adds alpha x this step's gradient into dst)."""
         compute = self.begin_step()
         if local_step is not None:
             t0 = time.perf_counter()
             local_step()
             compute += time.perf_counter() - t0
-        self.engine.step(accumulate, compute)
+        self.engine.step(accumulate, compute, pushed=pushed)
+        self._last_compute = compute
         self.telemetry.add_step(compute)
         self.last_step_end = time.perf_counter()
 

@@ -63,31 +63,39 @@ class SyncEngine:
         policy.attach(self)
 
     # ---- per step ----------------------------------------------------------------------------------------------
-    def step(self, accumulate: Optional[Callable[[Any, float], None]], compute_s: float):
-        """Push this step's update, pull completed ticks, and wait while the policy's gate is closed.
+    def step(self, accumulate: Optional[Callable[[Any, float], None]], compute_s: float, pushed: bool = False):
+        """Push this step's update (unless ``pushed``: :meth:`push` already did, at the end of backward), pull
+        completed ticks, and wait while the policy's gate is closed.
 
         Gradient policies: ``accumulate(dst, alpha)`` adds alpha x the gradient into dst. Delta policies: pass
         None (the update is the delta of read_params() since the last upload)."""
         t0 = time.perf_counter()
         busy0 = self.busy_s
-        weight = 1.0
-        if self.policy.compensation != "none":
-            weight = compensation_weight(self.policy.compensation,
-                                         self.ticker.updates_before_next_push(self.applied_at_read), self.size)
-        self.staleness.add_weight(weight)
-        add = self.updates.push_function(accumulate)
-        self.ticker.push(lambda dst: add(dst, weight), int(compute_s * 1e9))
-        self._unapplied.append((self.ticker.clock, self.applied_at_read))
-        self.updates.pushed()
-        self.pushed += 1
-        self.telemetry.count("pushes")
-        self.policy.on_push(self.ticker.clock)
+        if not pushed:
+            self.push(accumulate, compute_s)
         self._pull(block=False, until_open=self.policy.blocked_by(self.ticker.clock) == "wait")
         self.telemetry.comm_s += (time.perf_counter() - t0) - (self.busy_s - busy0)
         self._gate()
         self.policy.on_proceed(self.ticker.clock)
         self.updates.proceeding()
         self.telemetry.compute_s += self.busy_s - busy0
+
+    def push(self, accumulate: Optional[Callable[[Any, float], None]], interval_s: float):
+        """Hand this step's update to the next tick (the first half of :meth:`step`; a frontend may call it as soon
+        as the update is complete, e.g. when backward ends, so that the tick runs while the rank still computes).
+        ``interval_s``: the rank's step compute time, for the schedulers' predictions."""
+        weight = 1.0
+        if self.policy.compensation != "none":
+            weight = compensation_weight(self.policy.compensation,
+                                         self.ticker.updates_before_next_push(self.applied_at_read), self.size)
+        self.staleness.add_weight(weight)
+        add = self.updates.push_function(accumulate)
+        self.ticker.push(lambda dst: add(dst, weight), int(interval_s * 1e9))
+        self._unapplied.append((self.ticker.clock, self.applied_at_read))
+        self.updates.pushed()
+        self.pushed += 1
+        self.telemetry.count("pushes")
+        self.policy.on_push(self.ticker.clock)
 
     def _gate(self):
         """Block while the policy says so; time blocked on own uploads is communication, the rest waiting."""

@@ -34,6 +34,7 @@ from ..engine.engine import SyncEngine
 from ..engine.policies import RELAXED_POLICIES, make_policy
 from ..errors import ConfigError, HvdElasticError
 from ..session import Session
+from .backward_push import BackwardPush
 from .buffers import FlatParams
 from .wrapping import (horovod_argument_checks, parameter_names, refuse_sparse_gradients, refuse_unsupported_arguments,
                        wrap_class)
@@ -83,6 +84,7 @@ def _relaxed_step(self, closure=None):
     """step() of a relaxed-policy optimizer: push this step's update to the engine, apply delivered ticks, and
     wait while the policy's gate is closed."""
     session = self._hvd_elastic
+    synchronized = self._synchronized
     self._hvd_elastic_begin_step()
     loss = None
     if closure is not None:
@@ -95,8 +97,10 @@ def _relaxed_step(self, closure=None):
     if engine.updates.local_step:             # wbsp: a local step on this rank's own copy, then its delta
         session.relaxed_step(local_step=self._hvd_elastic_inner_step)
         return loss
-    refuse_sparse_gradients(self, session.cfg.policy)
-    session.relaxed_step(self._hvd_elastic_flat.accumulate_gradients)
+    pushed = self._hvd_elastic_backward.settle(synchronized)
+    if not pushed:
+        refuse_sparse_gradients(self, session.cfg.policy)
+    session.relaxed_step(self._hvd_elastic_flat.accumulate_gradients, pushed=pushed)
     if engine.applied_contributions == 0:
         # The optimizer state (momentum, Adam moments) is created by the first applied tick. Waiting for it once
         # here (already so under HVD_ELASTIC_MAX_INFLIGHT=0) gives every rank the same state *structure* from its
@@ -106,6 +110,15 @@ def _relaxed_step(self, closure=None):
         session.last_step_end = time.perf_counter()
         session.telemetry.wait_s += session.last_step_end - t0
     return loss
+
+
+def _relaxed_synchronize(self):
+    """Horovod's synchronize(): nothing to exchange (the gradient stays this rank's own until it is pushed); the
+    script is about to change the gradients, which must not have been pushed yet (backward_push.py)."""
+    backward = getattr(self, "_hvd_elastic_backward", None)
+    if backward is not None:
+        backward.synchronize_called()
+    self._synchronized = True
 
 
 def _called_by_broadcast_optimizer_state():
@@ -170,13 +183,13 @@ def sync_replicas(optimizer):
 _ENGINE_IDS = itertools.count()      # relaxed engines built in this process: the same sequence on every rank
 
 
-def _build_relaxed(optimizer, session: Session, names):
+def _build_relaxed(optimizer, session: Session, names, backward_passes_per_step: int = 1):
     params = [p for g in optimizer.param_groups for p in g["params"]]
     flat = FlatParams(params)
     # __module__ (wrap_class): horovod.torch.broadcast_optimizer_state() initialises an empty optimizer state with a
     # dummy step(); for classes from Horovod's optimizer module it calls the wrapped optimizer's own step instead.
     # Ours must be treated the same way: a dummy step through the engine would push an update on some ranks only.
-    wrap_class(optimizer, _relaxed_step, {"state_dict": _relaxed_state_dict})
+    wrap_class(optimizer, _relaxed_step, {"state_dict": _relaxed_state_dict, "synchronize": _relaxed_synchronize})
     optimizer._hvd_elastic_flat = flat
 
     def apply_gradient(update, scale):
@@ -199,6 +212,9 @@ def _build_relaxed(optimizer, session: Session, names):
                                 session.telemetry, tick_s=session.cfg.tick_ms / 1000.0, epoch_ns=epoch_ns,
                                 apply_gradient=apply_gradient, read_params=flat.weights, write_params=flat.set_weights,
                                 tick_name=f"hvd_elastic.torch.tick.{engine_id}")
+    optimizer._hvd_elastic_backward = BackwardPush(
+        flat, session, names, session.cfg.push_at_backward and not session.engine.updates.local_step
+        and backward_passes_per_step == 1)
     _UNFINISHED.append(session)
     _install_exit_handlers()
     return optimizer
@@ -294,7 +310,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                                          gradient_predivide_factor=gradient_predivide_factor,
                                          sparse_as_dense=sparse_as_dense, process_set=process_set)
             # groups / num_groups only group Horovod's allreduces; a tick is one buffer (one group) anyway.
-            opt = _build_relaxed(optimizer, session, names)
+            opt = _build_relaxed(optimizer, session, names, backward_passes_per_step)
         # Horovod's public attributes, for code that reads them.
         opt._parameter_names = names
         opt.backward_passes_per_step = backward_passes_per_step

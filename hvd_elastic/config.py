@@ -169,7 +169,8 @@ KNOBS = (
          "PyTorch, relaxed gradient policies: push a step's gradient as soon as backward has produced all of it "
          "(as Horovod starts its allreduce from backward hooks), so the tick runs while the rank still computes "
          "before step(). A script that changes gradients after backward (optimizer.synchronize() then clipping, "
-         "several backward passes per step) is recognised in its first step and pushes at step() instead.",
+         "several backward passes per step) is recognised in its first step and pushes at step() instead; "
+         "changing them after a push in a later step is a one-line error.",
          ("asp", "ssp", "dssp", "zipline")),
     Knob("staleness_compensation", "none", _choice(("none", "inverse", "damped")), "none|inverse|damped",
          "Relaxed gradient policies: scale each gradient by its predicted staleness before it is pushed; inverse: "

@@ -53,8 +53,9 @@ def test_staleness_stays_bounded_and_the_model_learns(policy, tmp_path, data):
 
 
 def test_the_old_defaults_were_staler(tmp_path, data):
-    """The same asp job with the previous defaults (two own updates in flight, no peer alignment): the bound above is
-    not met -- the test above would catch a return to them."""
-    ranks = _run({"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_MAX_INFLIGHT": "2", "HVD_ELASTIC_PEER_WAIT": "0"},
+    """The same asp job with the previous defaults (two own updates in flight, no peer alignment, push at step()):
+    the bound above is not met -- the test above would catch a return to them."""
+    ranks = _run({"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_MAX_INFLIGHT": "2", "HVD_ELASTIC_PEER_WAIT": "0",
+                  "HVD_ELASTIC_PUSH_AT_BACKWARD": "0"},
                  tmp_path, data)
     assert ranks[0]["report"]["staleness"]["mean"] > BOUND["asp"], ranks[0]["report"]["staleness"]

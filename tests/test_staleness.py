@@ -40,10 +40,14 @@ def test_staleness_matches_the_trace_computed_by_hand_on_two_ranks(tmp_path):
     ranks = [json.load(open(os.path.join(tmp_path, f"rank{r}.json"))) for r in range(2)]
     exact, seen = 0, {0: set(), 1: set()}
     for me in (0, 1):
-        other_pushes = [push for _, push in ranks[1 - me]["steps"]]
+        other_pushes = [at_step if k == 0 else backward_end
+                        for k, (_, backward_end, at_step) in enumerate(ranks[1 - me]["steps"])]
         trace = ranks[me]["report"]["ranks"][me]["counters"]["staleness_trace"]
         assert len(trace) == len(ranks[me]["steps"])        # every push accounted once it was applied
-        for clock, (start, push) in enumerate(ranks[me]["steps"], 1):
+        # The push is made when backward ends (HVD_ELASTIC_PUSH_AT_BACKWARD), from the second step on.
+        assert ranks[me]["report"]["ranks"][me]["counters"]["backward_pushes"] == len(ranks[me]["steps"]) - 1
+        for clock, (start, backward_end, at_step) in enumerate(ranks[me]["steps"], 1):
+            push = at_step if clock == 1 else backward_end
             # By hand: the other rank's pushes made between this step's start and its push. A push within MARGIN of
             # either edge may land on either side of it (tick latency), so it may or may not count.
             certain = sum(start + MARGIN < q < push - MARGIN for q in other_pushes)

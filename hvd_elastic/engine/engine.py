@@ -7,12 +7,14 @@ ops) and the callbacks of the policy's update kind (engine/updates.py): ``apply_
 gradient policies (one optimizer step on the replica with gradient scale x update), ``read_params()`` /
 ``write_params(w)`` for delta policies (wbsp).
 
-Per training step the frontend calls :meth:`SyncEngine.step`. The engine pushes the update, applies completed
-ticks in tick order (pull) and blocks while the policy's gate is closed, applying ticks as they arrive. A rank held
-by the policy's rule resumes on exactly the state of the tick that released it: ticks that completed after that
-one wait for its next step boundary. (Applying them too would let its next gradient see other ranks' *next*
-updates, which BSP never does: with s = 0 the weights would drift from BSP's.) Otherwise -- gate open, or held
-only by its own updates in flight -- a rank applies every completed tick (freshest weights).
+Per training step the frontend calls :meth:`SyncEngine.step` (and may call :meth:`SyncEngine.push` earlier, when
+the update is complete). The engine pushes the update, applies completed ticks in tick order (pull) and blocks
+while the policy's gate is closed, applying ticks as they arrive. A rank held at its step boundary -- by its own
+update in flight (unless the policy reads fresh: asp) or by the policy's rule -- resumes on exactly the state of
+the tick that released it: ticks that completed after that one wait for its next step boundary. (Applying them too would let its next gradient see other
+ranks' *next* updates, which BSP never does: with s = 0 the weights would drift from BSP's. With the push at the end
+of backward a fast rank's next update is often already in such a tick.) A rank whose gate is open applies every
+completed tick (freshest weights).
 """
 from __future__ import annotations
 
@@ -73,7 +75,7 @@ class SyncEngine:
         busy0 = self.busy_s
         if not pushed:
             self.push(accumulate, compute_s)
-        self._pull(block=False, until_open=self.policy.blocked_by(self.ticker.clock) == "wait")
+        self._pull(block=False, until_open=self._holds(self.policy.blocked_by(self.ticker.clock)))
         self.telemetry.comm_s += (time.perf_counter() - t0) - (self.busy_s - busy0)
         self._gate()
         self.policy.on_proceed(self.ticker.clock)
@@ -106,7 +108,7 @@ class SyncEngine:
             if reason is None:
                 return
             _watchdog.enter(f"the {self.policy.name} gate")
-            progressed = self._pull(block=True, timeout=1.0, until_open=reason == "wait")
+            progressed = self._pull(block=True, timeout=1.0, until_open=self._holds(reason))
             blocked = (time.perf_counter() - t0) - (self.busy_s - busy0)
             if reason == "comm":
                 self.telemetry.comm_s += blocked
@@ -116,6 +118,10 @@ class SyncEngine:
                 last_progress = time.monotonic()
             else:
                 self._check_stall(last_progress, "gate")
+
+    def _holds(self, reason: Optional[str]) -> bool:
+        """Whether a rank blocked for `reason` resumes on exactly the state of the tick that opens its gate."""
+        return reason == "wait" or (reason == "comm" and not self.policy.fresh_reads)
 
     def _check_stall(self, last_progress: float, what: str):
         """Called while this rank waits with nothing delivered for a while. Ticks that stopped are an error here;

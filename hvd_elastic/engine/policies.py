@@ -27,6 +27,11 @@ class Policy:
 
     name = "base"
     updates = GradientUpdates   # the update kind (engine/updates.py): gradients applied on a shared replica
+    # Held only by its own update in flight, a rank applies every completed tick (freshest weights) if True; if
+    # False it resumes on the state of the tick that delivered its update, as when the rule holds it (engine.py):
+    # a rule with s = 0 must never let a rank see another rank's *next* update, which, with the push at the end of
+    # backward, is often already in a completed tick when the rank reaches step().
+    fresh_reads = False
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -126,6 +131,7 @@ class Asp(Policy):
     """Asynchronous parallel: push every step, apply every tick, never wait (staleness unbounded)."""
 
     name = "asp"
+    fresh_reads = True
 
 
 def server_clocks(view, rank: int, own_clock: int):
@@ -273,6 +279,7 @@ class Wbsp(Policy):
     most one upload in flight, without it none (it waits for its own upload to land: communication)."""
 
     name = "wbsp"
+    fresh_reads = True      # unchanged by the push point: wbsp has no backward push, and no s = 0 case
     updates = DeltaUpdates
     SLOWEST_HISTORY = 8   # iteration times per rank the slowest-rank estimate takes the median of
 

@@ -1,7 +1,8 @@
 """Worker: 2 ranks under asp with HVD_ELASTIC_MAX_INFLIGHT=0, rank 0 stepping every ~100 ms and rank 1 every
 ~370 ms (sleeps in the training loop), for a fixed wall time. Each rank writes, per step, the wall time its step
 started (when the previous opt.step() returned: the weights it computes on are fixed from then) and the time it
-pushed (when it called opt.step()), and the end-of-run report with the engine's per-update staleness trace."""
+pushed (when its backward ended, or when it called opt.step() under HVD_ELASTIC_PUSH_AT_BACKWARD=0 and in
+the first step), and the end-of-run report with the engine's per-update staleness trace."""
 import json
 import os
 import sys
@@ -28,10 +29,11 @@ def main():
     while time.time() < end:
         opt.zero_grad()
         model(torch.randn(4, 8)).pow(2).mean().backward()
+        backward_end = time.time()
         time.sleep(period)
         push = time.time()
         opt.step()
-        steps.append([start, push])
+        steps.append([start, backward_end, push])
         start = time.time()
     report = hvde.finish(opt)
     with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:

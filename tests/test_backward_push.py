@@ -74,5 +74,5 @@ def test_clipping_after_a_push_at_backward_is_an_error_on_every_rank(tmp_path):
     res = _run(tmp_path, "asp", "--clip", "late", "--late-at", "5", timeout=90)
     assert res.returncode != 0
     lines = res.lines_with("changed after backward after this step's gradient was pushed")
-    assert len({l.split("]")[0] for l in lines}) == 2, res.output[-3000:]
-    assert all("'0.weight'" in l and "HVD_ELASTIC_PUSH_AT_BACKWARD=0" in l for l in lines), lines
+    assert len({line.split("]")[0] for line in lines}) == 2, res.output[-3000:]
+    assert all("'0.weight'" in line and "HVD_ELASTIC_PUSH_AT_BACKWARD=0" in line for line in lines), lines

@@ -9,12 +9,12 @@ gradient policies (one optimizer step on the replica with gradient scale x updat
 
 Per training step the frontend calls :meth:`SyncEngine.step` (and may call :meth:`SyncEngine.push` earlier, when
 the update is complete). The engine pushes the update, applies completed ticks in tick order (pull) and blocks
-while the policy's gate is closed, applying ticks as they arrive. A rank held at its step boundary -- by its own
-update in flight (unless the policy reads fresh: asp) or by the policy's rule -- resumes on exactly the state of
-the tick that released it: ticks that completed after that one wait for its next step boundary. (Applying them too would let its next gradient see other
-ranks' *next* updates, which BSP never does: with s = 0 the weights would drift from BSP's. With the push at the end
-of backward a fast rank's next update is often already in such a tick.) A rank whose gate is open applies every
-completed tick (freshest weights).
+while the policy's gate is closed, applying ticks as they arrive. A rank held at its step boundary -- by the
+policy's rule, or by its own update in flight unless the policy reads fresh (asp, wbsp) -- resumes on exactly the
+state of the tick that released it: ticks that completed after that one wait for its next step boundary. (Applying
+them too would let its next gradient see other ranks' *next* updates, which BSP never does: with s = 0 the weights
+would drift from BSP's. With the push at the end of backward a fast rank's next update is often already in such a
+tick.) A rank whose gate is open applies every completed tick (freshest weights).
 """
 from __future__ import annotations
 

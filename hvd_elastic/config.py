@@ -161,7 +161,7 @@ KNOBS = (
          "a step. 0 (default): a rank computes on weights that hold its own last update (staleness ~1 instead of "
          "~n); auto: the fewest that hide the measured push-to-delivery time behind the step (1 to 4): faster "
          "steps, staler gradients (docs/design.md).", ("asp", "ssp", "dssp", "zipline")),
-    Knob("peer_wait", 0.25, _float(0.0), "number >= 0 (fraction of a step; 0: off)",
+    Knob("peer_wait", 0.5, _float(0.0), "number >= 0 (fraction of a step; 0: off)",
          "Relaxed gradient policies: after its update is in, a rank waits at most this fraction of its step time "
          "for peers (ranks about as fast as it is) that are behind, so equally fast ranks compute on the same "
          "weights; slower ranks are never waited for.", ("asp", "ssp", "dssp", "zipline")),
@@ -220,7 +220,7 @@ class Config:
     wbsp_overlap: bool = False
     tick_ms: float = 1.0
     max_inflight: Any = 0
-    peer_wait: float = 0.25
+    peer_wait: float = 0.5
     push_at_backward: bool = True
     staleness_compensation: str = "none"
     emulate_delay: Mapping[Any, float] = dataclasses.field(default_factory=dict)

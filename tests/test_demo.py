@@ -38,7 +38,7 @@ def test_demo_under_asp_learns_and_fast_ranks_stop_waiting(tmp_path):
     acc = float(res.lines_with("test accuracy:")[-1].split("test accuracy:")[1].split()[0])
     assert acc > 0.85, acc
     ranks = json.loads(report_path.read_text())["ranks"]
-    # Only peer alignment waits under asp (<= HVD_ELASTIC_PEER_WAIT=0.25 of a step: <= 20% of the wall clock, and
+    # Only peer alignment waits under asp (<= HVD_ELASTIC_PEER_WAIT=0.5 of a step: <= 33% of the wall clock, and
     # only for the equally fast ranks); waiting for the straggler would be most of it.
-    assert all(r["wait_share"] < 0.25 for r in ranks), [(r["rank"], r["wait_share"]) for r in ranks]
+    assert all(r["wait_share"] < 0.34 for r in ranks), [(r["rank"], r["wait_share"]) for r in ranks]
     assert min(r["steps"] for r in ranks[:3]) > 2 * ranks[3]["steps"]

@@ -67,10 +67,10 @@ def test_asp_never_waits_and_fast_ranks_run_ahead(launcher, tmp_path):
     # 1200 global steps: under Gloo's slow ticks asp's accuracy at 800 steps varied between 0.81 and 0.94.
     reports = _common_invariants(_run(launcher, {"HVD_ELASTIC_POLICY": "asp", **STRAGGLER}, tmp_path,
                                       args=("--mode", "train", "--target", "1200")), "asp")
-    # asp's rule never holds a rank; the only wait is peer alignment (HVD_ELASTIC_PEER_WAIT, default 0.25 of the
-    # rank's own step, only for ranks about as fast as it is), so at most 0.25 / 1.25 = 20% of the wall clock
-    # (fast ranks measured 12-15% under a loaded mpirun). Waiting for the 10x slower straggler would be ~90%.
-    assert all(rep["wait_share"] < 0.25 for rep in reports), [rep["wait_share"] for rep in reports]
+    # asp's rule never holds a rank; the only wait is peer alignment (HVD_ELASTIC_PEER_WAIT, default 0.5 of the
+    # rank's own step, only for ranks about as fast as it is), so at most 0.5 / 1.5 = 33% of the wall clock
+    # (fast ranks measured 12-15% under a loaded mpirun at 0.25). Waiting for the 10x slower straggler would be ~90%.
+    assert all(rep["wait_share"] < 0.34 for rep in reports), [rep["wait_share"] for rep in reports]
     if launcher == "mpirun":
         fast_steps = [rep["steps"] for rep in reports[:3]]
         assert min(fast_steps) > 2 * reports[3]["steps"], [rep["steps"] for rep in reports]

@@ -55,7 +55,7 @@ META_PIECES = 4   # 16-bit pieces per int64
 _BASE = 1 << 16
 POOL_LIMIT = 2    # recycled buffers kept for reuse (beyond them, given back to the allocator)
 BUSY_WINDOW, BUSY = 8, 6   # full ticks without probes while BUSY of the last BUSY_WINDOW ticks had pushes
-HOLD_FRACTION = 0.25       # default release hold, a fraction of the pushers' step period (HVD_ELASTIC_PEER_WAIT)
+HOLD_FRACTION = 0.5        # default release hold, a fraction of the pushers' step period (HVD_ELASTIC_PEER_WAIT)
 
 
 def release(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> bool:

@@ -1,7 +1,8 @@
 """Relaxed policies converge on a task with headroom (issue: time to accuracy): MNIST-1D, a 1-D CNN at a Horovod
-user's SGD settings (lr 0.0375 x ranks, momentum 0.5: the largest that plain Horovod trains reliably across
-seeds), 4 ranks with rank 3 three times slower, a budget of 2000
-gradients. With the old defaults (each rank two own updates in flight, no peer alignment) gradients were about n
+user's SGD settings (lr 0.025 x ranks, momentum 0.5: two thirds of the benchmark's 0.0375 x ranks, which sits at
+plain Horovod's stability edge -- its own curves dip from 0.88 to 0.4-0.6 there -- so a run ending in such a dip
+made this test fail about one time in seven under dssp; 0.45 vs 0.75-0.84 typical), 4 ranks with rank 3 three times
+slower, a budget of 2000 gradients. With the old defaults (each rank two own updates in flight, no peer alignment) gradients were about n
 updates stale and this configuration diverged (asp final accuracy 0.64, zipline 0.29-0.44 on the full task). Each
 policy must now keep the measured staleness low (mean at most 2.5 updates; wbsp: its own bound, below) and end
 above an accuracy floor, with the invariants (identical replicas, nothing lost)."""
@@ -17,7 +18,7 @@ POLICIES = {"asp": {"HVD_ELASTIC_POLICY": "asp"},
             "dssp": {"HVD_ELASTIC_POLICY": "dssp"},
             "zipline": {"HVD_ELASTIC_POLICY": "zipline", "HVD_ELASTIC_LOOKAHEAD": "15"},
             "wbsp": {"HVD_ELASTIC_POLICY": "wbsp", "HVD_ELASTIC_WBSP_OVERLAP": "1"}}
-FLOOR = 0.45          # measured after 2000 gradients: 0.60-0.8 (asp lowest); a diverged run ends near 0.1-0.3
+FLOOR = 0.45          # measured after 2000 gradients at lr 0.025 x 4: 0.70-0.78; a diverged run ends near 0.1-0.3
 # Mean staleness, in updates. Gradient policies: 2.5 (measured 1.5; the old defaults gave about n = 4 and more, and
 # the p90 is not a stable measure here: a tenth of the updates are the straggler's, each ~9 stale). wbsp: a delta is
 # computed on the global model downloaded after the slowest rank's previous upload, so it may miss what every rank
@@ -33,8 +34,8 @@ def data(tmp_path_factory):
     return str(path)
 
 
-def _run(env, tmp_path, data):
-    res = launch("mpirun", 4, "tests/workers/headroom_train.py", [tmp_path, "--data", data], env=env, timeout=240)
+def _run(env, tmp_path, data, args=()):
+    res = launch("mpirun", 4, "tests/workers/headroom_train.py", [tmp_path, "--data", data, *args], env=env, timeout=240)
     assert res.returncode == 0 and not res.timed_out, res.output[-4000:]
     return [json.load(open(os.path.join(tmp_path, f"rank{r}.json"))) for r in range(4)]
 

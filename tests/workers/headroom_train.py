@@ -1,4 +1,4 @@
-"""Worker: the benchmark's MNIST-1D task (1-D CNN, SGD at a Horovod user's lr 0.0375 x ranks, momentum 0.5) under
+"""Worker: the benchmark's MNIST-1D task (1-D CNN, SGD at a Horovod user's lr --lr x ranks, momentum 0.5) under
 the policy in HVD_ELASTIC_POLICY until a global budget of gradients, with rank 3 three times slower (sleep per
 sample). Writes per rank: the test accuracy after finish(), a hash of the final weights and the end-of-run report
 (staleness included)."""
@@ -23,6 +23,7 @@ def main():
     ap.add_argument("--data", required=True)
     ap.add_argument("--budget", type=int, default=2000)
     ap.add_argument("--sample-ms", type=float, default=0.3)
+    ap.add_argument("--lr", type=float, default=0.025, help="per-rank learning rate (x ranks, as Horovod scales it)")
     args = ap.parse_args()
     hvd.init()
     torch.set_num_threads(1)
@@ -31,7 +32,7 @@ def main():
     d = np.load(args.data)
     x_tr, y_tr, x_te, y_te = (torch.from_numpy(d[k]) for k in ("x_tr", "y_tr", "x_te", "y_te"))
     model = torch_model()
-    opt = hvde.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0375 * size, momentum=0.5),
+    opt = hvde.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=0.5),
                                     named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     delay = args.sample_ms / 1000 * (3 if rank == size - 1 else 1)

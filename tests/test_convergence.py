@@ -1,11 +1,12 @@
 """Relaxed policies converge on a task with headroom (issue: time to accuracy): MNIST-1D, a 1-D CNN at a Horovod
 user's SGD settings (lr 0.025 x ranks, momentum 0.5: two thirds of the benchmark's 0.0375 x ranks, which sits at
 plain Horovod's stability edge -- its own curves dip from 0.88 to 0.4-0.6 there -- so a run ending in such a dip
-made this test fail about one time in seven under dssp; 0.45 vs 0.75-0.84 typical), 4 ranks with rank 3 three times
-slower, a budget of 2000 gradients. With the old defaults (each rank two own updates in flight, no peer alignment) gradients were about n
-updates stale and this configuration diverged (asp final accuracy 0.64, zipline 0.29-0.44 on the full task). Each
-policy must now keep the measured staleness low (mean at most 2.5 updates; wbsp: its own bound, below) and end
-above an accuracy floor, with the invariants (identical replicas, nothing lost)."""
+made this test fail about one time in seven under dssp; 0.45 vs 0.75-0.84 typical), 4 ranks with rank 3 three
+times slower, a budget of 2000 gradients. With the old defaults (each rank two own updates in flight, no peer
+alignment) gradients were about n updates stale and the benchmark's configuration diverged (asp final accuracy
+0.64, zipline 0.29-0.44 on the full task). Each policy must now keep the measured staleness low (mean at most 2.5
+updates; wbsp: its own bound, below) and end above an accuracy floor, with the invariants (identical replicas,
+nothing lost)."""
 import json
 import os
 
@@ -34,8 +35,8 @@ def data(tmp_path_factory):
     return str(path)
 
 
-def _run(env, tmp_path, data, args=()):
-    res = launch("mpirun", 4, "tests/workers/headroom_train.py", [tmp_path, "--data", data, *args], env=env, timeout=240)
+def _run(env, tmp_path, data):
+    res = launch("mpirun", 4, "tests/workers/headroom_train.py", [tmp_path, "--data", data], env=env, timeout=240)
     assert res.returncode == 0 and not res.timed_out, res.output[-4000:]
     return [json.load(open(os.path.join(tmp_path, f"rank{r}.json"))) for r in range(4)]
 

@@ -27,7 +27,6 @@ class BackwardPush:
     def __init__(self, flat, session, names, enabled: bool):
         self.flat, self.session, self.names = flat, session, names
         self.mode = WATCHING if enabled and flat.params else OFF
-        self.why_off = "" if enabled else "HVD_ELASTIC_PUSH_AT_BACKWARD=0"
         self._reset()
         self._handles = ([p.register_post_accumulate_grad_hook(self._arrived) for p in flat.params]
                          if self.mode != OFF else [])
@@ -74,7 +73,6 @@ class BackwardPush:
             if self.mode == WATCHING and self._marks is not None:
                 self.mode = OFF if changed else ON
                 if changed:
-                    self.why_off = changed
                     self.remove()
             elif self.pushed and changed:
                 raise HvdElasticError(

@@ -36,8 +36,8 @@ from ..errors import ConfigError, HvdElasticError
 from ..session import Session
 from .backward_push import BackwardPush
 from .buffers import FlatParams
-from .wrapping import (horovod_argument_checks, parameter_names, refuse_sparse_gradients, refuse_unsupported_arguments,
-                       wrap_class)
+from .wrapping import (SynchronizeProtocol, horovod_argument_checks, parameter_names, refuse_sparse_gradients,
+                       refuse_unsupported_arguments, wrap_class)
 
 # Policies this frontend can run; the configuration recognises every policy of the design.
 IMPLEMENTED_POLICIES = ("bsp", "lbbsp") + tuple(RELAXED_POLICIES)
@@ -118,7 +118,7 @@ def _relaxed_synchronize(self):
     backward = getattr(self, "_hvd_elastic_backward", None)
     if backward is not None:
         backward.synchronize_called()
-    self._synchronized = True
+    SynchronizeProtocol.synchronize(self)
 
 
 def _called_by_broadcast_optimizer_state():

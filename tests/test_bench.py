@@ -88,12 +88,15 @@ def test_quick_mnist1d_benchmark_curves_from_snapshots(tmp_path):
         # rank 0's snapshots (every 8 of its local steps, from the initial model) evaluated after training, then the
         # final model after finish()
         assert len(curve) == 1 + r["local_steps"][0] // 8 + 1, (len(curve), r["local_steps"])
-        assert curve[0][:2] == [0.0, 0] and curve[-1][1] == 320 and curve[-1][2] == run["final_accuracy"]
+        # the final point is the job's gradient count: the budget, plus at most one step of each other rank under
+        # asp (each rank checks the budget against its own view of the others' steps)
+        assert curve[0][:2] == [0.0, 0] and curve[-1][2] == run["final_accuracy"]
+        assert curve[-1][1] == 320 if r["policy"] == "horovod" else 320 <= curve[-1][1] <= 323, curve[-1]
         assert [p[0] for p in curve] == sorted(p[0] for p in curve) and curve[-1][0] == run["wall_s"]
         assert [p[1] for p in curve] == sorted(p[1] for p in curve)
         assert all(0.0 <= p[2] <= 1.0 for p in curve)
         assert r["final_accuracy"] == round(final_accuracy(curve), 4)
-        assert r["time_to_target_s"] is None or r["time_to_target_steps"] <= 320
+        assert r["time_to_target_s"] is None or r["time_to_target_steps"] <= curve[-1][1]
         assert run["finite_weights"] is True and r["diverged"] is False
     # 320 gradients of a 1-D CNN: above chance, far from trained
     assert runs[0]["final_accuracy"] > max(0.15, runs[0]["curve"][0][2]), runs[0]["curve"]

@@ -12,8 +12,10 @@ tick is then a *full* tick, payload and metadata in one allreduce, issued at onc
 HVD_ELASTIC_PEER_WAIT, default HOLD_FRACTION, of the pushing ranks' step period, counted from the first pending
 push) for ranks that are due to push within that window (last push + measured push period), so that equally fast
 ranks land in the same payload instead of one payload each; ranks not due (a straggler) are never waited for. While
-most recent ticks carried or announced pushes (BUSY of the last BUSY_WINDOW: pushes arrive faster than ticks), ticks
-are full without probes (one collective per tick; an empty full tick moves a zero payload). Every choice depends
+most recent ticks carried pushes or released them at once (BUSY of the last BUSY_WINDOW: pushes arrive faster than
+ticks), ticks are full without probes (one collective per tick; an empty full tick moves a zero payload). A probe
+that holds pending pushes for a peer does not count: counting it made every hold switch to full ticks, which
+release without waiting, so equally fast ranks drifted apart (see docs/design.md). Every choice depends
 only on past tables, which every rank holds identically, so every rank issues the same collectives in the same
 order.
 
@@ -317,7 +319,7 @@ class Ticker:
                 release_now = not full and release(meta, self.hold_fraction)
                 dt = time.perf_counter() - t0
                 tick = Tick(index, buffers.head(send, numel) if total else None, meta, dt, send if total else None)
-                recent.append(total > 0 or pending > 0)
+                recent.append(total > 0 or release_now)   # a held probe is not busy: it waits for peers
                 with self._lock:
                     self.ticks += 1
                     self.comm_s += dt

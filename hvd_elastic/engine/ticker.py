@@ -55,7 +55,8 @@ META_COLUMNS = 10
 # exactly; one rank fills each row and the others add zeros, so the Sum returns every piece exactly.
 META_PIECES = 4   # 16-bit pieces per int64
 _BASE = 1 << 16
-POOL_LIMIT = 2    # recycled buffers kept for reuse (beyond them, given back to the allocator)
+POOL_LIMIT = 1    # recycled buffers kept for reuse (beyond it, given back to the allocator): pending + the
+                  # tick in flight + this one is the steady state; more would only raise peak memory
 BUSY_WINDOW, BUSY = 8, 6   # full ticks without probes while BUSY of the last BUSY_WINDOW ticks had pushes
 HOLD_FRACTION = 0.5        # default release hold, a fraction of the pushers' step period (HVD_ELASTIC_PEER_WAIT)
 

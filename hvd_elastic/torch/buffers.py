@@ -2,9 +2,9 @@
 trainable parameters' fixed layout inside them (see hvd_elastic/engine/buffers.py for the contract).
 
 Gradients go from ``p.grad`` into the pending buffer with one fused ``torch._foreach_add_`` (no copy out, no numpy),
-Horovod reduces the buffer where it lives (CPU or CUDA), and a tick's sum reaches the optimizer through one
-preallocated gradient buffer whose slices are the parameters' ``.grad`` (as Horovod and DDP use gradient
-buckets): nothing model-sized is allocated per push, per tick or per apply.
+Horovod reduces the buffer where it lives (CPU or CUDA), and a tick's sum reaches the optimizer written in place
+into the parameters' own ``.grad`` tensors (this rank's gradient is in the update buffer by then): nothing
+model-sized is allocated per push, per tick or per apply, and applying keeps no model-sized buffer of its own.
 """
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ class FlatParams:
             self.slices.append((p, off, p.numel()))
             off += p.numel()
         self.numel = off
-        self._grad = None        # the applied gradient (p.grad are its slices), made at the first apply
+        self._grad = None        # fallback .grad storage for parameters without a gradient (made once, if ever)
         self._weights = None     # scratch for read_params (delta policies)
 
     def views(self, flat: torch.Tensor) -> List[torch.Tensor]:
@@ -90,14 +90,24 @@ class FlatParams:
             torch._foreach_add_(list(dsts), [g.detach() for g in grads], alpha=alpha)
 
     def load_gradient(self, update: torch.Tensor, scale: float):
-        """p.grad = scale x update, through the preallocated gradient buffer (its slices become the .grad)."""
-        if self._grad is None:
-            self._grad = torch.empty(self.numel, dtype=self.torch_dtype, device=self.device)
-            self._grad_views = self.views(self._grad)
-        torch.mul(update, scale, out=self._grad)
-        for (p, _, _), v in zip(self.slices, self._grad_views):
-            if p.grad is not v:
-                p.grad = v
+        """p.grad = scale x update, written in place into the gradient tensors backward made (this rank's own gradient
+        has been pushed by then: the update buffer holds its copy), so applying a tick allocates nothing and keeps no
+        model-sized buffer of its own. A parameter without a dense gradient of its own shape (None after
+        zero_grad(set_to_none=True), e.g. at finish()) gets a slice of one preallocated buffer, made once."""
+        dsts, srcs = [], []
+        for i, ((p, _, _), src) in enumerate(zip(self.slices, self.views(update))):
+            g = p.grad
+            if g is None or g.is_sparse or g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
+                if self._grad is None:
+                    self._grad = torch.empty(self.numel, dtype=self.torch_dtype, device=self.device)
+                    self._grad_views = self.views(self._grad)
+                g = p.grad = self._grad_views[i]
+            dsts.append(g)
+            srcs.append(src)
+        with torch.no_grad():
+            torch._foreach_copy_(dsts, srcs)
+            if scale != 1.0:
+                torch._foreach_mul_(dsts, scale)
 
     def weights(self) -> torch.Tensor:
         """The weights as one flat tensor (a scratch buffer, overwritten by the next call)."""

@@ -52,9 +52,12 @@ def test_quick_benchmark_writes_results_plots_and_table(tmp_path):
             shares = (r["compute_share"][k], r["wait_share"][k], r["comm_share"][k])
             assert all(0 <= v <= 1 for v in shares) and sum(shares) <= 1.01, r
         times = [p[0] for p in run["curve"]]
-        # from the initial accuracy at 0 s, global step 0, to the final one at the budget
+        # from the initial accuracy at 0 s, global step 0, to the final one at the job's real gradient count: the
+        # budget under Horovod; under asp each rank checks it against its own view of the others, so up to n - 1 more
         assert times == sorted(times) and len(times) >= 3 and run["curve"][0][:2] == [0.0, 0], run["curve"]
-        assert run["curve"][-1][1] == 64, run["curve"]
+        last = run["curve"][-1][1]
+        assert last == 64 if r["policy"] == "horovod" else 64 <= last <= 67, run["curve"]
+        assert [p[1] for p in run["curve"]] == sorted(p[1] for p in run["curve"]), run["curve"]   # steps never go back
         assert 0.1 < r["final_accuracy"] <= 1.0          # 64 steps: above chance (0.1), not trained
         assert run["report"]["size"] == 4
     # the straggler (rank 3, 3x slower) takes fewer local steps than a fast rank when nobody waits for it (asp)

@@ -56,6 +56,8 @@ POLICIES: Dict[str, Optional[Dict[str, str]]] = {
     "bsp": {"HVD_ELASTIC_POLICY": "bsp"},
     "asp": {"HVD_ELASTIC_POLICY": "asp"},
     "asp-push-at-step": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_PUSH_AT_BACKWARD": "0"},
+    "asp-inverse": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_STALENESS_COMPENSATION": "inverse"},
+    "asp-damped": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_STALENESS_COMPENSATION": "damped"},
     "ssp-s3": {"HVD_ELASTIC_POLICY": "ssp", "HVD_ELASTIC_STALENESS": "3"},
     "ssp-s10": {"HVD_ELASTIC_POLICY": "ssp", "HVD_ELASTIC_STALENESS": "10"},
     "dssp": {"HVD_ELASTIC_POLICY": "dssp"},

@@ -249,7 +249,7 @@ class Zipline(Policy):
             self.targets = None
             self.barriers += 1
             # Replica check: every rank's weights right after the barrier tick (identical by construction). A CRC
-            # of every DIGEST_STRIDE-th weight up to DIGEST_WORDS of them (all of a small model's): a barrier of
+            # of every k-th weight, k = ceil(size / DIGEST_WORDS) (all of a small model's): a barrier of
             # a 30M model then hashes 4 MB, not 120 MB plus a bytes copy of them.
             w = self.engine.buffers.numpy(self.engine.read_params())
             self.digest = zlib.crc32(np.ascontiguousarray(w[::max(1, -(-w.size // self.DIGEST_WORDS))]), self.digest)

@@ -22,7 +22,10 @@ BATCH = 16   # samples per rank per step
 POLICIES = {"horovod": None, "bsp": {"HVD_ELASTIC_POLICY": "bsp"}, "lbbsp": {"HVD_ELASTIC_POLICY": "lbbsp"},
             "asp": {"HVD_ELASTIC_POLICY": "asp"}, "ssp": {"HVD_ELASTIC_POLICY": "ssp"},
             "dssp": {"HVD_ELASTIC_POLICY": "dssp"}, "zipline": {"HVD_ELASTIC_POLICY": "zipline"},
-            "wbsp-overlap": {"HVD_ELASTIC_POLICY": "wbsp", "HVD_ELASTIC_WBSP_OVERLAP": "1"}}
+            "wbsp-overlap": {"HVD_ELASTIC_POLICY": "wbsp", "HVD_ELASTIC_WBSP_OVERLAP": "1"},
+            # variant (not in the default set): one own push in flight, the tick overlaps the next step's compute
+            "asp-inflight1": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_MAX_INFLIGHT": "1"}}
+DEFAULT_POLICIES = "horovod,bsp,lbbsp,asp,ssp,dssp,zipline,wbsp-overlap"
 
 
 def run_cell(policy, params_m, ranks, steps, timeout):
@@ -53,7 +56,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1,10,30", help="millions of parameters, comma-separated")
     ap.add_argument("--ranks", default="2,4")
-    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--policies", default=DEFAULT_POLICIES)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=300)

@@ -24,7 +24,9 @@ accumulate in place into the pending buffer; a tick swaps it for a zeroed spare;
 applied tick's buffer back (recycle), and the tick thread zeroes it for reuse. No model-sized allocation per tick.
 
 Pacing: the thread issues a tick at most every `tick_s` seconds, and backs off (doubling, up to `max_idle_s`) while
-ticks come back empty. A tick carries one model-sized buffer however many pushes it sums, so communication is
+ticks come back empty; after an empty tick it also sleeps until shortly before the next push the table predicts
+(quiet_s): on a CPU machine the probes of a quiet period only take cycles from the computation. A push wakes its own
+rank's thread at once. A tick carries one model-sized buffer however many pushes it sums, so communication is
 bounded by model size / tick interval, whatever the ranks' speeds. A tick completes when every rank's thread has
 joined it: ticks wait for the slowest *thread*, never for a rank's computation.
 
@@ -58,6 +60,8 @@ _BASE = 1 << 16
 POOL_LIMIT = 1    # recycled buffers kept for reuse (beyond it, given back to the allocator): pending + the
                   # tick in flight + this one is the steady state; more would only raise peak memory
 BUSY_WINDOW, BUSY = 8, 6   # full ticks without probes while BUSY of the last BUSY_WINDOW ticks had pushes
+QUIET_MARGIN, QUIET_MAX_S = 0.25, 0.25   # idle pacing: probe again this fraction of a period before the next
+                                        # predicted push; never sleep longer than this (quiet_s)
 HOLD_FRACTION = 0.5        # default release hold, a fraction of the pushers' step period (HVD_ELASTIC_PEER_WAIT)
 
 
@@ -78,6 +82,21 @@ def release(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> bool:
     idle = ~pending & (meta[:, FINISHED] == 0) & (meta[:, PERIOD_NS] > 0) & (meta[:, LAST_PUSH_NS] >= 0)
     due = meta[idle, LAST_PUSH_NS] + meta[idle, PERIOD_NS] <= now + hold
     return not due.any()
+
+
+def quiet_s(meta: np.ndarray) -> float:
+    """After a tick in which nothing was pushed or pending: how long no rank is expected to push, from the table
+    (each rank's last push + its measured push period, minus QUIET_MARGIN of that period for jitter), at most
+    QUIET_MAX_S; 0 when some rank's period is not measured. Probes in that time would only take CPU from the
+    computation. Each row's prediction is taken relative to the row's own NOW_NS, so clocks of different hosts need
+    not agree. A rank's own push wakes its thread at once (push()), so a wrong prediction costs a probe's latency
+    only when another rank pushes early -- at most QUIET_MARGIN of its period."""
+    live = meta[:, FINISHED] == 0
+    if not live.any() or (meta[live, PERIOD_NS] <= 0).any() or (meta[live, LAST_PUSH_NS] < 0).any():
+        return 0.0
+    period = meta[live, PERIOD_NS].astype(np.float64)
+    due = meta[live, LAST_PUSH_NS] + (1.0 - QUIET_MARGIN) * period - meta[live, NOW_NS]
+    return float(min(max(due.min(), 0.0) / 1e9, QUIET_MAX_S))
 
 
 def encode_meta(meta: np.ndarray, out: np.ndarray):
@@ -141,6 +160,7 @@ class Ticker:
         self._meta_buffer = buffers.zeros(self._meta_words)
         self._words = np.zeros(self._meta_words, np.float64)
         self._pending_count = 0
+        self._wake = False             # a push since the tick thread last looked: skip its idle wait
         self._clock = 0
         self._last_push_ns = -1
         self._interval_ns = -1
@@ -188,6 +208,8 @@ class Ticker:
             self._push_times.append(time.perf_counter())
             self._last_push_ns = now_ns
             self._interval_ns = int(interval_ns)
+            self._wake = True         # wake the tick thread from its idle wait: a push is what the next probe is for
+            self._lock.notify_all()
             return self._clock
 
     @property
@@ -276,11 +298,15 @@ class Ticker:
             recent: Deque[bool] = collections.deque(maxlen=BUSY_WINDOW)   # non-empty flags of the last ticks
             buffers, numel = self.buffers, self.numel
             while True:
+                if self._spare is None and self._returned:   # zero the next spare now, off the release's path
+                    self._spare = self._zeroed_buffer()
                 wait = last + idle_s - time.monotonic()
                 if wait > 0 and not release_now:
-                    with self._lock:   # a finish() wakes us early so shutdown is prompt
-                        if not self._finished:
+                    with self._lock:   # a push or a finish() wakes us early: probes react at once
+                        if not self._finished and not self._wake:
                             self._lock.wait(wait)
+                with self._lock:
+                    self._wake = False
                 last = time.monotonic()
                 full = release_now or sum(recent) >= BUSY
                 release_now = False
@@ -344,7 +370,8 @@ class Ticker:
                     self._lock.notify_all()
                 if done:
                     return
-                idle_s = self.tick_s if total or pending else min(idle_s * 2, self.max_idle_s)
+                idle_s = self.tick_s if total or pending else max(min(idle_s * 2, self.max_idle_s),
+                                                                  quiet_s(meta))
                 index += 1
         except BaseException as e:  # surfaced on the training thread at its next call
             with self._lock:

@@ -105,9 +105,11 @@ class FlatParams:
             dsts.append(g)
             srcs.append(src)
         with torch.no_grad():
-            torch._foreach_copy_(dsts, srcs)
-            if scale != 1.0:
-                torch._foreach_mul_(dsts, scale)
+            if scale == 1.0:
+                torch._foreach_copy_(dsts, srcs)
+            else:   # one pass per tensor (a copy, then a multiply in place, would read and write it twice)
+                for g, src in zip(dsts, srcs):
+                    torch.mul(src, scale, out=g)
 
     def weights(self) -> torch.Tensor:
         """The weights as one flat tensor (a scratch buffer, overwritten by the next call)."""

@@ -24,7 +24,9 @@ POLICIES = {"horovod": None, "bsp": {"HVD_ELASTIC_POLICY": "bsp"}, "lbbsp": {"HV
             "dssp": {"HVD_ELASTIC_POLICY": "dssp"}, "zipline": {"HVD_ELASTIC_POLICY": "zipline"},
             "wbsp-overlap": {"HVD_ELASTIC_POLICY": "wbsp", "HVD_ELASTIC_WBSP_OVERLAP": "1"},
             # variant (not in the default set): one own push in flight, the tick overlaps the next step's compute
-            "asp-inflight1": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_MAX_INFLIGHT": "1"}}
+            "asp-inflight1": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_MAX_INFLIGHT": "1"},
+            "asp-tick5": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_TICK_MS": "5"},
+            "asp-pushatstep": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_PUSH_AT_BACKWARD": "0"}}
 DEFAULT_POLICIES = "horovod,bsp,lbbsp,asp,ssp,dssp,zipline,wbsp-overlap"
 
 

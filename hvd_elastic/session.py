@@ -48,8 +48,19 @@ class Session:
         """Push this step's gradient before step() (the frontend calls it when backward has produced all of it);
         the step() that follows runs :meth:`relaxed_step` with ``pushed=True``. The schedulers' step time is the
         previous step's (this one's compute is not over yet)."""
-        interval = self._last_compute if self._last_compute is not None else time.perf_counter() - self.last_step_end
-        self.engine.push(accumulate, interval)
+        self.engine.push(accumulate, self._interval())
+
+    def _interval(self) -> float:
+        return self._last_compute if self._last_compute is not None else time.perf_counter() - self.last_step_end
+
+    def stream_begin(self, accumulate_range: Callable[[Any, int, int, float], None]) -> bool:
+        """Backward starts: stream this step's gradient to the next tick as backward produces it (engine.py);
+        False: push it when complete instead. End it with :meth:`stream_end`."""
+        return self.engine.stream_begin(accumulate_range)
+
+    def stream_end(self):
+        """The streamed gradient is complete: it is this step's push (as :meth:`push`)."""
+        self.engine.stream_end(self._interval())
 
     def relaxed_step(self, accumulate: Optional[Callable[[Any, float], None]] = None,
                      local_step: Optional[Callable[[], None]] = None, pushed: bool = False):

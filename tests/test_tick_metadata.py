@@ -33,22 +33,32 @@ def _table(rows):
     return meta
 
 
-def test_quiet_time_is_the_earliest_predicted_push_less_the_margin_per_row_clock():
-    from hvd_elastic.engine.ticker import QUIET_MARGIN, QUIET_MAX_S, quiet_s
+def test_next_probe_is_the_earliest_predicted_event_in_each_rows_own_clock():
+    from hvd_elastic.engine.ticker import OVERDUE_POLL, QUIET_MARGIN, QUIET_MAX_S, next_probe_s
     ms = 1_000_000
     # rank 0: last push 10 ms before its snapshot, period 100 ms -> next push in 90 ms, probe 25 ms before it;
     # rank 1 (a clock 5 s off: only differences within its row count): next push in 40 ms -> the earliest
     meta = _table({"LAST_PUSH_NS": [990 * ms, 5960 * ms], "NOW_NS": [1000 * ms, 6000 * ms],
                    "PERIOD_NS": [100 * ms, 80 * ms]})
-    assert abs(quiet_s(meta) - (80 * (1 - QUIET_MARGIN) - 40) / 1000) < 1e-9
-    assert quiet_s(_table({"LAST_PUSH_NS": [0], "NOW_NS": [1], "PERIOD_NS": [10_000 * ms]})) == QUIET_MAX_S
-    # a rank overdue: no quiet time; an unmeasured period: none either (no prediction)
-    assert quiet_s(_table({"LAST_PUSH_NS": [0, 0], "NOW_NS": [90 * ms, 10], "PERIOD_NS": [100 * ms, 100 * ms]})) == 0
-    assert quiet_s(_table({"LAST_PUSH_NS": [0, 0], "NOW_NS": [1, 1], "PERIOD_NS": [100 * ms, -1]})) == 0
+    assert abs(next_probe_s(meta) - (80 * (1 - QUIET_MARGIN) - 40) / 1000) < 1e-9
+    # a rank that streams begins LEAD_NS before its push: rank 1 with a 15 ms lead -> 5 ms
+    lead = _table({"LAST_PUSH_NS": [990 * ms, 5960 * ms], "NOW_NS": [1000 * ms, 6000 * ms],
+                   "PERIOD_NS": [100 * ms, 80 * ms], "LEAD_NS": [-1, 15 * ms]})
+    assert abs(next_probe_s(lead) - 0.005) < 1e-9
+    assert next_probe_s(_table({"LAST_PUSH_NS": [0], "NOW_NS": [1], "PERIOD_NS": [10_000 * ms]})) == QUIET_MAX_S
+    # a rank past its predicted push: looked for every OVERDUE_POLL of its period
+    late = _table({"LAST_PUSH_NS": [0, 0], "NOW_NS": [90 * ms, 10], "PERIOD_NS": [100 * ms, 100 * ms]})
+    assert abs(next_probe_s(late) - OVERDUE_POLL * 0.1) < 1e-9
+    # an unmeasured period: no prediction at all
+    assert next_probe_s(_table({"LAST_PUSH_NS": [0, 0], "NOW_NS": [1, 1], "PERIOD_NS": [100 * ms, -1]})) is None
     # a finished rank is ignored
     fin = _table({"LAST_PUSH_NS": [0, 0], "NOW_NS": [0, 0], "PERIOD_NS": [100 * ms, -1]})
     fin[1, FINISHED] = 1
-    assert abs(quiet_s(fin) - 0.075) < 1e-9
+    assert abs(next_probe_s(fin) - 0.075) < 1e-9
+    # a pending push held for a peer: the hold's end (50 ms period x 0.5 = 25 ms after 100 ms) is the next event
+    held = _table({"PENDING": [1, 0], "PENDING_SINCE_NS": [100 * ms, -1], "NOW_NS": [105 * ms, 105 * ms],
+                   "PERIOD_NS": [50 * ms, 200 * ms], "LAST_PUSH_NS": [50 * ms, 60 * ms]})
+    assert abs(next_probe_s(held, hold_fraction=0.5) - 0.020) < 1e-9
 
 
 def test_release_holds_for_a_peer_due_within_the_window_and_never_for_a_straggler():
@@ -64,3 +74,10 @@ def test_release_holds_for_a_peer_due_within_the_window_and_never_for_a_straggle
     assert release(_table(straggler))
     assert not release(_table(dict(base, PENDING=[0, 0])))   # nothing pending: nothing to release
     assert release(_table(base), hold_fraction=0)           # no hold configured
+    # a rank that has begun streaming counts as pending
+    assert not release(_table(dict(base, PENDING=[0, 0], STREAM=[1, 0])))
+    # a rank that streams is due when its stream begins, LEAD_NS before its push: rank 1's push is due at 160 ms,
+    # after the window (130 ms); with a 40 ms stream it begins at 120 ms, inside it
+    slower = dict(base, PERIOD_NS=[50 * ms, 100 * ms])
+    assert release(_table(slower))
+    assert not release(_table(dict(slower, LEAD_NS=[0, 40 * ms])))

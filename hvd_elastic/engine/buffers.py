@@ -43,6 +43,10 @@ class NumpyBuffers:
         """The first n words of buf (a view)."""
         return buf[:n]
 
+    def view(self, buf, start: int, stop: int):
+        """Words [start, stop) of buf (a view: an in-place allreduce of it changes buf)."""
+        return buf[start:stop]
+
     def set_words(self, buf, offset: int, words: np.ndarray):
         buf[offset:offset + len(words)] = words
 

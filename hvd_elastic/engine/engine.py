@@ -7,14 +7,15 @@ ops) and the callbacks of the policy's update kind (engine/updates.py): ``apply_
 gradient policies (one optimizer step on the replica with gradient scale x update), ``read_params()`` /
 ``write_params(w)`` for delta policies (wbsp).
 
-Per training step the frontend calls :meth:`SyncEngine.step` (and may call :meth:`SyncEngine.push` earlier, when
-the update is complete). The engine pushes the update, applies completed ticks in tick order (pull) and blocks
-while the policy's gate is closed, applying ticks as they arrive. A rank held at its step boundary -- by the
-policy's rule, or by its own update in flight unless the policy reads fresh (asp, wbsp) -- resumes on exactly the
-state of the tick that released it: ticks that completed after that one wait for its next step boundary. (Applying
-them too would let its next gradient see other ranks' *next* updates, which BSP never does: with s = 0 the weights
-would drift from BSP's. With the push at the end of backward a fast rank's next update is often already in such a
-tick.) A rank whose gate is open applies every completed tick (freshest weights).
+Per training step the frontend calls :meth:`SyncEngine.step` (and may call :meth:`SyncEngine.push` earlier, when the
+update is complete, or stream it while backward produces it: :meth:`SyncEngine.stream_begin`). The engine pushes the
+update, applies completed ticks in tick order (pull) and blocks while the policy's gate is closed, applying ticks as
+they arrive. A rank held at its step boundary -- by the policy's rule, or by its own update in flight unless the
+policy reads fresh (asp, wbsp) -- resumes on exactly the state of the tick that released it: ticks that completed
+after that one wait for its next step boundary. (Applying them too would let its next gradient see other ranks'
+*next* updates, which BSP never does: with s = 0 the weights would drift from BSP's. With the push at the end of
+backward a fast rank's next update is often already in such a tick.) A rank whose gate is open applies every
+completed tick (freshest weights).
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ class SyncEngine:
                  apply_gradient: Optional[Callable[[Any, float], None]] = None,
                  read_params: Optional[Callable[[], Any]] = None,
                  write_params: Optional[Callable[[Any], None]] = None,
-                 stall_timeout_s: float = 120.0, tick_name: str = "hvd_elastic.tick"):
+                 stall_timeout_s: float = 120.0, tick_name: str = "hvd_elastic.tick", stream: bool = False):
         self.policy, self.rank, self.size = policy, rank, size
         self.buffers = buffers
         self.telemetry = telemetry
@@ -61,7 +62,8 @@ class SyncEngine:
                                       write_params=write_params)
         # Peer alignment (HVD_ELASTIC_PEER_WAIT) also bounds how long a tick holds pushes for ranks due to push.
         self.ticker = Ticker(numel, buffers, rank, size, allreduce_sum, tick_s=tick_s, epoch_ns=epoch_ns,
-                             name=tick_name, hold_fraction=policy.cfg.peer_wait)
+                             name=tick_name, hold_fraction=policy.cfg.peer_wait,
+                             stream=stream and not self.updates.local_step)
         policy.attach(self)
 
     # ---- per step ----------------------------------------------------------------------------------------------
@@ -73,6 +75,7 @@ class SyncEngine:
         None (the update is the delta of read_params() since the last upload)."""
         t0 = time.perf_counter()
         busy0 = self.busy_s
+        self.ticker.stream_wait()   # a tick may still read this step's gradients, which applying ticks overwrites
         if not pushed:
             self.push(accumulate, compute_s)
         self._pull(block=False, until_open=self._holds(self.policy.blocked_by(self.ticker.clock)))
@@ -86,18 +89,48 @@ class SyncEngine:
         """Hand this step's update to the next tick (the first half of :meth:`step`; a frontend may call it as soon
         as the update is complete, e.g. when backward ends, so that the tick runs while the rank still computes).
         ``interval_s``: the rank's step compute time, for the schedulers' predictions."""
-        weight = 1.0
-        if self.policy.compensation != "none":
-            weight = compensation_weight(self.policy.compensation,
-                                         self.ticker.updates_before_next_push(self.applied_at_read), self.size)
-        self.staleness.add_weight(weight)
+        weight = self._push_weight()
         add = self.updates.push_function(accumulate)
         self.ticker.push(lambda dst: add(dst, weight), int(interval_s * 1e9))
+        self._pushed(weight)
+
+    def _push_weight(self) -> float:
+        if self.policy.compensation == "none":
+            return 1.0
+        return compensation_weight(self.policy.compensation,
+                                   self.ticker.updates_before_next_push(self.applied_at_read), self.size)
+
+    def _pushed(self, weight: float):
+        self.staleness.add_weight(weight)
         self._unapplied.append((self.ticker.clock, self.applied_at_read))
         self.updates.pushed()
         self.pushed += 1
         self.telemetry.count("pushes")
         self.policy.on_push(self.ticker.clock)
+
+    # A streamed push (gradient policies, a frontend whose backward reports gradients as they are produced): the
+    # tick reads the gradient chunk by chunk while backward runs (ticker.py, stream_begin). Same update, same
+    # accounting as push(); the gradients must stay as they are until step() (stream_wait).
+    def stream_begin(self, accumulate_range: Callable[[Any, int, int, float], None]) -> bool:
+        """Backward starts: announce this step's gradient; False: push it normally (ticker.stream_begin says when).
+        ``accumulate_range(dst, start, stop, alpha)`` adds alpha x words [start, stop) of the gradient into dst."""
+        weight = self._push_weight()
+        if not self.ticker.stream_begin(lambda dst, start, stop: accumulate_range(dst, start, stop, weight)):
+            return False
+        self._stream_weight = weight
+        return True
+
+    def stream_ready(self, start: int, stop: int):
+        self.ticker.stream_ready(start, stop)
+
+    def stream_end(self, interval_s: float):
+        """The gradient is complete: it counts as this step's push (step() is then called with pushed=True)."""
+        self.ticker.stream_end(int(interval_s * 1e9))
+        self._pushed(self._stream_weight)
+
+    @property
+    def streaming(self) -> bool:
+        return self.ticker.streaming
 
     def _gate(self):
         """Block while the policy says so; time blocked on own uploads is communication, the rest waiting."""
@@ -174,6 +207,9 @@ class SyncEngine:
         if self.finished:
             return
         t0 = time.perf_counter()
+        if self.ticker.streaming:   # a backward whose step() never came: its announced gradient is pushed, as
+            self.stream_end(0.0)    # a push at the end of backward would have been
+        self.ticker.stream_wait()
         self.ticker.finish()
         self._wait_until(lambda: self.ticker.stopped, "final barrier")
         self._pull(block=False)
@@ -184,6 +220,7 @@ class SyncEngine:
         self.telemetry.counters.update({
             "ticks": self.ticker.ticks, "nonempty_ticks": self.ticker.nonempty_ticks,
             "payload_collectives": self.ticker.payload_collectives, "bytes_reduced": self.ticker.bytes_reduced,
+            "streamed_pushes": self.ticker.streamed,
             "tick_comm_s": round(self.ticker.comm_s, 3), "pushed": self.pushed,
             "applied_contributions": self.applied_contributions, **self.staleness.counters()})
         self.policy.finish()

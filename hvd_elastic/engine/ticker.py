@@ -13,7 +13,8 @@ HVD_ELASTIC_PEER_WAIT, default HOLD_FRACTION, of the pushing ranks' step period,
 push) for ranks that are due to push within that window (last push + measured push period), so that equally fast
 ranks land in the same payload instead of one payload each; ranks not due (a straggler) are never waited for. While
 most recent ticks carried pushes or released them at once (BUSY of the last BUSY_WINDOW: pushes arrive faster than
-ticks), ticks are full without probes (one collective per tick; an empty full tick moves a zero payload). A probe
+ticks), ticks are full without probes (one collective per tick; an empty full tick moves a zero payload) -- for
+payloads under CHUNK_WORDS only: beyond, a probe costs little beside the payload and an empty full tick a lot. A probe
 that holds pending pushes for a peer does not count: counting it made every hold switch to full ticks, which
 release without waiting, so equally fast ranks drifted apart (see docs/design.md). Every choice depends
 only on past tables, which every rank holds identically, so every rank issues the same collectives in the same
@@ -24,11 +25,12 @@ accumulate in place into the pending buffer; a tick swaps it for a zeroed spare;
 applied tick's buffer back (recycle), and the tick thread zeroes it for reuse. No model-sized allocation per tick.
 
 Pacing: the thread issues a tick at most every `tick_s` seconds, and backs off (doubling, up to `max_idle_s`) while
-ticks come back empty; after an empty tick it also sleeps until shortly before the next push the table predicts
-(quiet_s): on a CPU machine the probes of a quiet period only take cycles from the computation. A push wakes its own
-rank's thread at once. A tick carries one model-sized buffer however many pushes it sums, so communication is
-bounded by model size / tick interval, whatever the ranks' speeds. A tick completes when every rank's thread has
-joined it: ticks wait for the slowest *thread*, never for a rank's computation.
+ticks come back empty; once every rank's push period is measured it sleeps instead until shortly before the next
+event the table predicts (next_probe_s: a rank due to push or stream, a hold ending): on a CPU machine probes in
+between only take cycles from the computation. A push wakes its own rank's thread at once. A tick carries one model-
+sized buffer however many pushes it sums, so communication is bounded by model size / tick interval, whatever the
+ranks' speeds. A tick completes when every rank's thread has joined it: ticks wait for the slowest *thread*, never
+for a rank's computation.
 
 Shutdown: a rank that has finished raises FINISHED in its row; the thread stops after the first tick in which every
 rank is finished and nobody pushed anything, which every rank sees at the same tick (so no collective is left
@@ -39,7 +41,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Callable, Deque, List, Optional
+from typing import Any, Callable, Deque, List, Optional
 
 import numpy as np
 
@@ -49,8 +51,10 @@ from .buffers import NumpyBuffers
 # Metadata columns, one row per rank (int64). COUNT: pushes this tick delivers; CLOCK: own pushes delivered up to
 # and including this tick; PENDING / PENDING_SINCE_NS: pushes waiting (probes only) and when the first of them came;
 # NOW_NS: the row's snapshot time; PERIOD_NS: measured time between the rank's pushes (moving average).
-COUNT, CLOCK, LAST_PUSH_NS, INTERVAL_NS, FINISHED, SEQ, PENDING, PENDING_SINCE_NS, NOW_NS, PERIOD_NS = range(10)
-META_COLUMNS = 10
+# STREAM: a streamed push is under way (probes only); LEAD_NS: the rank's measured stream begin -> end time.
+COUNT, CLOCK, LAST_PUSH_NS, INTERVAL_NS, FINISHED, SEQ, PENDING, PENDING_SINCE_NS, NOW_NS, PERIOD_NS, STREAM, \
+    LEAD_NS = range(12)
+META_COLUMNS = 12
 # The metadata travels in a buffer of the update's dtype (with the payload in busy phases: one allreduce, one
 # dtype, since Horovod only fuses tensors of one dtype and on Gloo every extra collective costs milliseconds). Each
 # int64 (all values are >= -1) is stored as value + 1 in four 16-bit pieces, which float32 and float64 hold
@@ -60,8 +64,11 @@ _BASE = 1 << 16
 POOL_LIMIT = 1    # recycled buffers kept for reuse (beyond it, given back to the allocator): pending + the
                   # tick in flight + this one is the steady state; more would only raise peak memory
 BUSY_WINDOW, BUSY = 8, 6   # full ticks without probes while BUSY of the last BUSY_WINDOW ticks had pushes
-QUIET_MARGIN, QUIET_MAX_S = 0.25, 0.25   # idle pacing: probe again this fraction of a period before the next
-                                        # predicted push; never sleep longer than this (quiet_s)
+# Pacing (next_probe_s): probe QUIET_MARGIN of a period before a rank's predicted push; never sleep longer than
+# QUIET_MAX_S between ticks; look for a rank past its predicted push every OVERDUE_POLL of its period.
+QUIET_MARGIN, QUIET_MAX_S, OVERDUE_POLL = 0.25, 0.25, 0.05
+CHUNK_WORDS, MAX_CHUNKS = 1 << 20, 4   # a streamed tick's payload: chunks of at least CHUNK_WORDS, at most MAX
+STREAM_SPEED = 1.5        # a rank streams only while its push period is within this factor of the fastest rank's
 HOLD_FRACTION = 0.5        # default release hold, a fraction of the pushers' step period (HVD_ELASTIC_PEER_WAIT)
 
 
@@ -69,7 +76,7 @@ def release(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> bool:
     """After a probe with this table: send the pending pushes in a full tick now (True) or probe again (False).
     Now, unless some rank with nothing pending is due to push within the hold window and the oldest pending push
     has waited less than that window. A function of the table only: every rank decides the same."""
-    pending = meta[:, PENDING] > 0
+    pending = (meta[:, PENDING] > 0) | (meta[:, STREAM] > 0)
     if not pending.any():
         return False
     periods = meta[pending, PERIOD_NS]
@@ -80,23 +87,53 @@ def release(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> bool:
     if now - float(meta[pending, PENDING_SINCE_NS].min()) >= hold:
         return True
     idle = ~pending & (meta[:, FINISHED] == 0) & (meta[:, PERIOD_NS] > 0) & (meta[:, LAST_PUSH_NS] >= 0)
-    due = meta[idle, LAST_PUSH_NS] + meta[idle, PERIOD_NS] <= now + hold
+    # due: its next push (or, for a rank that streams, the start of it) falls within the window
+    due = meta[idle, LAST_PUSH_NS] + meta[idle, PERIOD_NS] - np.maximum(meta[idle, LEAD_NS], 0) <= now + hold
     return not due.any()
 
 
-def quiet_s(meta: np.ndarray) -> float:
-    """After a tick in which nothing was pushed or pending: how long no rank is expected to push, from the table
-    (each rank's last push + its measured push period, minus QUIET_MARGIN of that period for jitter), at most
-    QUIET_MAX_S; 0 when some rank's period is not measured. Probes in that time would only take CPU from the
-    computation. Each row's prediction is taken relative to the row's own NOW_NS, so clocks of different hosts need
-    not agree. A rank's own push wakes its thread at once (push()), so a wrong prediction costs a probe's latency
-    only when another rank pushes early -- at most QUIET_MARGIN of its period."""
+def next_probe_s(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> Optional[float]:
+    """How long the tick thread may sleep after a tick with this table before it probes again: until the earliest
+    moment the table gives a reason to look -- a rank with nothing pending due to push (or, if it streams, to begin
+    its stream: LEAD_NS earlier), less QUIET_MARGIN of its period for jitter, or the end of the hold of a pending
+    push (release()) -- at most QUIET_MAX_S. None when a live rank's period is not measured yet (no prediction).
+    Each row's prediction is taken relative to the row's own NOW_NS, so hosts' clocks need not agree. On a CPU
+    machine, probes at tick pace in these gaps only take cycles from the computation; a rank's own push or stream
+    wakes its thread at once, and a probe issued by a rank that woke early completes when the others wake."""
     live = meta[:, FINISHED] == 0
-    if not live.any() or (meta[live, PERIOD_NS] <= 0).any() or (meta[live, LAST_PUSH_NS] < 0).any():
+    if not live.any():
         return 0.0
-    period = meta[live, PERIOD_NS].astype(np.float64)
-    due = meta[live, LAST_PUSH_NS] + (1.0 - QUIET_MARGIN) * period - meta[live, NOW_NS]
-    return float(min(max(due.min(), 0.0) / 1e9, QUIET_MAX_S))
+    period = meta[:, PERIOD_NS].astype(np.float64)
+    if (period[live] <= 0).any() or (meta[live, LAST_PUSH_NS] < 0).any():
+        return None
+    pending = live & ((meta[:, PENDING] > 0) | (meta[:, STREAM] > 0))
+    idle = live & ~pending
+    due = meta[idle, LAST_PUSH_NS] + (1.0 - QUIET_MARGIN) * period[idle] - np.maximum(meta[idle, LEAD_NS], 0) \
+        - meta[idle, NOW_NS]
+    events = list(np.maximum(due, OVERDUE_POLL * period[idle]))   # an overdue rank: look again now and then
+    if pending.any():
+        hold = hold_fraction * float(period[pending].min())
+        events += list(meta[pending, PENDING_SINCE_NS] + hold - meta[pending, NOW_NS])
+    return float(min(max(min(events), 0.0) / 1e9, QUIET_MAX_S))
+
+
+def chunk_bounds(numel: int) -> List[int]:
+    """Word offsets of a streamed tick's payload chunks: numel // CHUNK_WORDS equal chunks (1 to MAX_CHUNKS).
+    A function of the model size only, so every rank cuts the same chunks."""
+    k = max(1, min(MAX_CHUNKS, numel // CHUNK_WORDS))
+    return [numel * i // k for i in range(k + 1)]
+
+
+class _Stream:
+    """This rank's push in progress (see Ticker.stream_begin): the gradient is read chunk by chunk, by the tick
+    thread, straight from the frontend's tensors, as backward finishes each chunk."""
+
+    ANNOUNCED, TAKEN = "announced", "taken"
+    __slots__ = ("accumulate", "ready", "state", "since_ns", "begin", "complete", "end_ns")
+
+    def __init__(self, accumulate, chunks: int, since_ns: int):
+        self.accumulate, self.ready, self.since_ns = accumulate, [0] * chunks, since_ns
+        self.state, self.begin, self.complete, self.end_ns = _Stream.ANNOUNCED, time.perf_counter(), False, -1
 
 
 def encode_meta(meta: np.ndarray, out: np.ndarray):
@@ -142,7 +179,7 @@ class Ticker:
     def __init__(self, numel: int, buffers, rank: int, size: int,
                  allreduce_sum: Callable[[list, str], None],
                  tick_s: float = 0.005, max_idle_s: float = 0.01, epoch_ns: int = 0,
-                 name: str = "hvd_elastic.tick", hold_fraction: float = HOLD_FRACTION):
+                 name: str = "hvd_elastic.tick", hold_fraction: float = HOLD_FRACTION, stream: bool = False):
         if not hasattr(buffers, "zeros"):          # a dtype: numpy buffers
             buffers = NumpyBuffers(buffers)
         self.numel, self.buffers, self.rank, self.size = numel, buffers, rank, size
@@ -155,6 +192,13 @@ class Ticker:
         self._meta_words = size * META_COLUMNS * META_PIECES
         self._length = numel + self._meta_words          # [update | encoded metadata]
         self._pending = buffers.zeros(self._length)      # this rank's pushes since its last tick
+        # Streamed pushes (stream=True: the frontend can hand a gradient over as backward produces it, and every
+        # rank's frontend says the same): full ticks go in chunks, last parameters first (stream_begin).
+        self._bounds = chunk_bounds(numel) if stream else [0, numel]
+        self.streams = len(self._bounds) > 2
+        self._stream: Optional[_Stream] = None
+        self._lead_ns = -1             # stream begin -> end (moving average)
+        self._last_meta: Optional[np.ndarray] = None   # the table of the last completed tick
         self._spare = None                               # a zeroed buffer for the next swap (tick thread only)
         self._returned: List = []                        # applied ticks' buffers, given back (not zeroed yet)
         self._meta_buffer = buffers.zeros(self._meta_words)
@@ -180,6 +224,7 @@ class Ticker:
         self.ticks = 0
         self.nonempty_ticks = 0
         self.payload_collectives = 0   # model-sized allreduces (metadata-only ticks move none)
+        self.streamed = 0              # own pushes a tick took as streams (read during backward)
         self.bytes_reduced = 0
         self.comm_s = 0.0
         self._thread = threading.Thread(target=self._run, name=f"hvd_elastic-ticker-{rank}", daemon=True)
@@ -196,21 +241,109 @@ class Ticker:
             self._check()
             if self._finished:
                 raise TickerError("push after finish()")
+            if self._stream is not None:
+                raise TickerError("push() while a streamed push is under way")
             accumulate(self.buffers.head(self._pending, self.numel))
             now_ns = self.now_ns()
-            if self._pending_count == 0:
-                self._pending_since_ns = now_ns
-            if self._last_push_ns >= 0:
-                gap = now_ns - self._last_push_ns
-                self._period_ns = gap if self._period_ns <= 0 else int(self._period_ns + 0.2 * (gap - self._period_ns))
-            self._pending_count += 1
-            self._clock += 1
-            self._push_times.append(time.perf_counter())
-            self._last_push_ns = now_ns
-            self._interval_ns = int(interval_ns)
-            self._wake = True         # wake the tick thread from its idle wait: a push is what the next probe is for
+            self._add_pending(now_ns)
+            return self._count_push(now_ns, interval_ns)
+
+    def _add_pending(self, since_ns: int):
+        if self._pending_count == 0:
+            self._pending_since_ns = since_ns
+        self._pending_count += 1
+
+    def _count_push(self, now_ns: int, interval_ns: int) -> int:
+        """A push of this rank is complete (under the lock): its clock, timing, and a wake-up of the tick thread."""
+        if self._last_push_ns >= 0:
+            gap = now_ns - self._last_push_ns
+            self._period_ns = gap if self._period_ns <= 0 else int(self._period_ns + 0.2 * (gap - self._period_ns))
+        self._clock += 1
+        self._push_times.append(time.perf_counter())
+        self._last_push_ns = now_ns
+        self._interval_ns = int(interval_ns)
+        self._wake = True         # wake the tick thread from its idle wait: a push is what the next probe is for
+        self._lock.notify_all()
+        return self._clock
+
+    # A streamed push: the frontend announces it when backward starts (stream_begin), reports the words of the
+    # update that are final as backward produces them (stream_ready), and ends it when the whole update exists
+    # (stream_end). The next full tick takes an announced stream: its thread reads each chunk with `accumulate`
+    # straight from the frontend's tensors once the chunk is final and reduces it at once, so the payload travels
+    # while backward still runs (as Horovod's per-tensor allreduces do). Announcing it makes peers' probes hold the
+    # release for this rank (release()), so equally fast ranks' streams share one tick. A stream no tick took by
+    # its end is an ordinary push. Until stream_wait() returns, the frontend must not change the gradients.
+    def stream_begin(self, accumulate: Callable[[Any, int, int], None]) -> bool:
+        """Announce a streamed push; ``accumulate(dst, start, stop)`` adds words [start, stop) of the update into dst
+        (a view of that range). False (push normally) when the payload is one chunk, this rank's push period is not
+        measured yet, or it is more than STREAM_SPEED times the fastest rank's: a tick that took a slow rank's stream
+        would make every rank wait for that rank's backward."""
+        if not self.streams:
+            return False
+        with self._lock:
+            self._check()
+            if self._finished:
+                raise TickerError("push after finish()")
+            if self._stream is not None:
+                raise TickerError("stream_begin() while a streamed push is under way")
+            meta = self._last_meta
+            if self._period_ns <= 0 or meta is None:
+                return False
+            live = (meta[:, FINISHED] == 0) & (meta[:, PERIOD_NS] > 0)
+            if live.any() and self._period_ns > STREAM_SPEED * float(meta[live, PERIOD_NS].min()):
+                return False
+            self._stream = _Stream(accumulate, len(self._bounds) - 1, self.now_ns())
+            self._wake = True
             self._lock.notify_all()
-            return self._clock
+            return True
+
+    def stream_ready(self, start: int, stop: int):
+        """Words [start, stop) of the streamed update are final."""
+        with self._lock:
+            st = self._stream
+            if st is None:
+                return
+            b = self._bounds
+            for k in range(len(b) - 1):
+                lo, hi = max(start, b[k]), min(stop, b[k + 1])
+                if lo < hi:
+                    st.ready[k] += hi - lo
+            self._lock.notify_all()
+
+    def stream_end(self, interval_ns: int) -> int:
+        """The streamed update is complete (words never reported ready are read now as they are). Returns the rank's
+        clock (pushes so far), as push() does."""
+        with self._lock:
+            self._check()
+            st = self._stream
+            if st is None:
+                raise TickerError("stream_end() without stream_begin()")
+            now_ns = self.now_ns()
+            lead = int((time.perf_counter() - st.begin) * 1e9)
+            self._lead_ns = lead if self._lead_ns < 0 else int(self._lead_ns + 0.2 * (lead - self._lead_ns))
+            if st.state == _Stream.ANNOUNCED:      # no tick took it: an ordinary push
+                self._stream = None
+                st.accumulate(self.buffers.head(self._pending, self.numel), 0, self.numel)
+                self._add_pending(st.since_ns)
+            else:
+                st.complete, st.end_ns = True, now_ns
+            return self._count_push(now_ns, interval_ns)
+
+    def stream_wait(self):
+        """Block until the tick thread no longer reads this rank's gradients (after stream_end)."""
+        with self._lock:
+            while self._stream is not None:
+                self._check()
+                if self._stream.state == _Stream.ANNOUNCED and not self._stream.complete:
+                    raise TickerError("stream_wait() before stream_end()")
+                self._lock.wait(0.5)
+            self._check()
+
+    @property
+    def streaming(self) -> bool:
+        """A streamed push is announced and not ended."""
+        st = self._stream
+        return st is not None and not st.complete
 
     @property
     def clock(self) -> int:
@@ -285,6 +418,44 @@ class Ticker:
         self.buffers.zero_(buf)
         return buf
 
+    def _encode_row(self, index: int, count: int, clock: int, pending: int, since_ns: int, streaming: int):
+        """This rank's row of the next tick's table (the other rows stay -1: zeros once encoded), into _words.
+        LAST_PUSH_NS is that of the last push sent, so that it always goes with CLOCK (the policies predict a rank's
+        next pushes from both)."""
+        meta = np.full((self.size, META_COLUMNS), -1, np.int64)
+        meta[self.rank] = (count, clock, self._sent_push_ns, self._interval_ns, int(self._finished), index, pending,
+                           since_ns, self.now_ns(), self._period_ns, streaming, self._lead_ns)
+        encode_meta(meta, self._words)
+
+    def _send_chunks(self, send, member: Optional[_Stream], index: int, count: int, clock: int) -> np.ndarray:
+        """A full tick in chunks, last words first (backward's order); the table rides with the last chunk. With a
+        stream taken (`member`), each chunk waits until backward has made it final and is read from the frontend's
+        tensors into `send` just before it is reduced; the rank's row is written once the stream has ended."""
+        b, buffers = self._bounds, self.buffers
+        for k in reversed(range(len(b) - 1)):
+            start, stop = b[k], b[k + 1]
+            chunk = buffers.view(send, start, stop)
+            if member is not None:
+                with self._lock:
+                    while not (member.complete or (k > 0 and member.ready[k] >= stop - start)):
+                        self._lock.wait(1.0)
+                member.accumulate(chunk, start, stop)
+            parts = [chunk]
+            if k == 0:
+                if member is not None:
+                    with self._lock:
+                        self._stream = None     # its gradients are no longer read (stream_wait returns)
+                        self._sent_push_ns = member.end_ns
+                        self._lock.notify_all()
+                    count, clock = count + 1, clock + 1
+                    self.streamed += 1
+                    self._encode_row(index, count, clock, 0, -1, 0)
+                buffers.set_words(send, self.numel, self._words)
+                parts.append(buffers.view(send, self.numel, self._length))
+            self._allreduce_sum(parts, f"{self.name}.s{k}")
+        self.bytes_reduced += buffers.nbytes(send)
+        return decode_meta(buffers.get_words(send, self.numel, self._meta_words), self.size)
+
     def _reduce(self, buf, name: str):
         self._allreduce_sum([buf], name)
         self.bytes_reduced += self.buffers.nbytes(buf)
@@ -308,33 +479,39 @@ class Ticker:
                 with self._lock:
                     self._wake = False
                 last = time.monotonic()
-                full = release_now or sum(recent) >= BUSY
+                full = release_now or (numel < CHUNK_WORDS and sum(recent) >= BUSY)
                 release_now = False
                 if full and self._spare is None:
                     self._spare = self._zeroed_buffer()
-                send = None
+                send, member = None, None
                 with self._lock:
                     self.in_flight = True
                     count = self._pending_count
-                    meta = np.full((self.size, META_COLUMNS), -1, np.int64)   # encodes to zeros
-                    if full:            # deliver everything pending
+                    stream = self._stream if self._stream is not None and \
+                        self._stream.state == _Stream.ANNOUNCED else None
+                    if full:            # deliver everything pending (and take an announced stream)
                         send, self._pending, self._spare = self._pending, self._spare, None
                         self._pending_count = 0
                         self._sent_push_ns = self._last_push_ns
-                        row = (count, self._clock, 0, -1)
+                        clock = self._clock
+                        if stream is not None:
+                            member, stream.state = stream, _Stream.TAKEN
+                        else:
+                            self._encode_row(index, count, clock, 0, -1, 0)
                     else:               # probe: deliver nothing, announce what is pending
-                        row = (0, self._clock - count, count, self._pending_since_ns if count else -1)
-                    # LAST_PUSH_NS: of the last push sent, so that it always goes with CLOCK (the policies predict
-                    # a rank's next pushes from both).
-                    meta[self.rank] = (row[0], row[1], self._sent_push_ns, self._interval_ns, int(self._finished),
-                                       index, row[2], row[3], self.now_ns(), self._period_ns)
-                encode_meta(meta, self._words)
+                        since = [t for t in (self._pending_since_ns if count else -1,
+                                             stream.since_ns if stream is not None else -1) if t >= 0]
+                        self._encode_row(index, 0, self._clock - count, count, min(since) if since else -1,
+                                         int(stream is not None))
                 t0 = time.perf_counter()
-                carrier = send if full else self._meta_buffer
-                offset = numel if full else 0
-                buffers.set_words(carrier, offset, self._words)
-                self._reduce(carrier, self.name if full else f"{self.name}.meta")
-                meta = decode_meta(buffers.get_words(carrier, offset, self._meta_words), self.size)
+                if full and self.streams:
+                    meta = self._send_chunks(send, member, index, count, clock)
+                else:
+                    carrier = send if full else self._meta_buffer
+                    offset = numel if full else 0
+                    buffers.set_words(carrier, offset, self._words)
+                    self._reduce(carrier, self.name if full else f"{self.name}.meta")
+                    meta = decode_meta(buffers.get_words(carrier, offset, self._meta_words), self.size)
                 if not (meta[:, SEQ] == index).all():
                     raise TickerError(f"ranks are out of step at tick {index}: {meta[:, SEQ].tolist()}")
                 total = int(meta[:, COUNT].sum())
@@ -363,6 +540,7 @@ class Ticker:
                         self.push_latency_s = latency if self.push_latency_s == 0 else \
                             self.push_latency_s + 0.2 * (latency - self.push_latency_s)
                     self._delivered_clock = delivered
+                    self._last_meta = meta
                     self._completed.append(tick)
                     done = bool(meta[:, FINISHED].all()) and total == 0 and pending == 0
                     if done:
@@ -370,8 +548,12 @@ class Ticker:
                     self._lock.notify_all()
                 if done:
                     return
-                idle_s = self.tick_s if total or pending else max(min(idle_s * 2, self.max_idle_s),
-                                                                  quiet_s(meta))
+                pending += int(meta[:, STREAM].sum())
+                predicted = next_probe_s(meta, self.hold_fraction)
+                if predicted is not None:
+                    idle_s = max(self.tick_s, predicted)
+                else:
+                    idle_s = self.tick_s if total or pending else min(idle_s * 2, self.max_idle_s)
                 index += 1
         except BaseException as e:  # surfaced on the training thread at its next call
             with self._lock:

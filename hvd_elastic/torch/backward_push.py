@@ -36,6 +36,7 @@ class BackwardPush:
         self._twice = False
         self._marks = None       # (grad tensor, its version) per parameter once backward produced all of them
         self.pushed = False
+        self.streaming = False   # this step's gradient is streamed to the tick as backward produces it
 
     def _arrived(self, p):
         engine = self.session.engine
@@ -45,7 +46,14 @@ class BackwardPush:
         if id(p) in self._seen:
             self._twice = True
             return
+        if self.mode == ON and not self._seen:        # backward starts: stream if the engine takes it
+            self.streaming = self.session.stream_begin(self.flat.accumulate_range)
         self._seen.add(id(p))
+        if self.streaming:
+            i = self.flat.index[id(p)]
+            self.flat.mark_ready(i)
+            _, off, n = self.flat.slices[i]
+            engine.stream_ready(off, off + n)
         if len(self._seen) < len(self.flat.params):
             return
         grads = [q.grad for q in self.flat.params]
@@ -53,7 +61,10 @@ class BackwardPush:
             return                                    # pushed (or refused) by step()
         self._marks = [(g, g._version) for g in grads]
         if self.mode == ON:
-            self.session.push(self.flat.accumulate_gradients)
+            if self.streaming:
+                self.session.stream_end()
+            else:
+                self.session.push(self.flat.accumulate_gradients)
             self.session.telemetry.count("backward_pushes")
             self.pushed = True
 
@@ -69,6 +80,11 @@ class BackwardPush:
         """At step(), after any closure ran backward: whether this step's gradient was already pushed. Decides the
         mode after the first complete step and refuses a gradient changed after it was pushed."""
         try:
+            if self.streaming and not self.pushed:
+                # Backward left a parameter without a dense gradient: the stream ends here, with what exists
+                # (step() refuses a sparse one, as it does for any push).
+                self.session.stream_end()
+                self.pushed = True
             changed = self._changed(synchronized)
             if self.mode == WATCHING and self._marks is not None:
                 self.mode = OFF if changed else ON

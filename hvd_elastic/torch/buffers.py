@@ -40,6 +40,9 @@ class TorchBuffers:
     def head(self, buf: torch.Tensor, n: int) -> torch.Tensor:
         return buf[:n]
 
+    def view(self, buf: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        return buf[start:stop]
+
     def set_words(self, buf: torch.Tensor, offset: int, words: np.ndarray):
         buf[offset:offset + len(words)].copy_(torch.from_numpy(words))
 
@@ -77,11 +80,36 @@ class FlatParams:
         self.numel = off
         self._grad = None        # fallback .grad storage for parameters without a gradient (made once, if ever)
         self._weights = None     # scratch for read_params (delta policies)
+        self.ready_events = None   # CUDA: per parameter, the event of its gradient's production (streamed push)
+        self.index = {id(p): i for i, p in enumerate(self.params)}
 
     def views(self, flat: torch.Tensor) -> List[torch.Tensor]:
         return [flat[off:off + n].view_as(p) for p, off, n in self.slices]
 
     # ---- engine callbacks (torch tensors) ------------------------------------------------------------------------
+    def accumulate_range(self, dst: torch.Tensor, start: int, stop: int, alpha: float):
+        """dst += alpha x words [start, stop) of this rank's flat gradient (dst: a view of that range). Called by the
+        tick thread during backward (a streamed push) for words whose parameters' gradients are final: on CUDA it
+        first orders its stream after the events recorded when those gradients were produced (mark_ready)."""
+        with torch.no_grad():
+            for i, (p, off, n) in enumerate(self.slices):
+                lo, hi = max(off, start), min(off + n, stop)
+                if lo >= hi or p.grad is None:
+                    continue
+                ev = self.ready_events[i] if self.ready_events is not None else None
+                if ev is not None:
+                    torch.cuda.current_stream(self.device).wait_event(ev)
+                dst[lo - start:hi - start].add_(p.grad.detach().reshape(-1)[lo - off:hi - off], alpha=alpha)
+
+    def mark_ready(self, index: int):
+        """Parameter `index`'s gradient was just produced (its post-accumulate-grad hook): on CUDA, record where."""
+        if self.device.type == "cuda":
+            if self.ready_events is None:
+                self.ready_events = [None] * len(self.slices)
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(self.device))
+            self.ready_events[index] = ev
+
     def accumulate_gradients(self, dst: torch.Tensor, alpha: float):
         """dst += alpha x this rank's gradients (parameters without a gradient add nothing)."""
         pairs = [(v, p.grad) for v, (p, _, _) in zip(self.views(dst), self.slices) if p.grad is not None]

@@ -73,10 +73,22 @@ def _instrument_bsp(opt, session: Session):
 
 
 # ---- relaxed policies --------------------------------------------------------------------------------------------
+POLL_S = (5e-5, 1e-3)   # _allreduce_sum: first and longest sleep between polls of a pending collective
+
+
 def _allreduce_sum(tensors, name):
-    """In-place Sum allreduce of flat torch tensors over all ranks (the engine's data plane, on the tick thread)."""
+    """In-place Sum allreduce of flat torch tensors over all ranks (the engine's data plane, on the tick thread).
+
+    Waits by polling with sleeps (50 us, doubling up to 1 ms), not in hvd.synchronize(): Horovod's wait spins
+    (std::this_thread::yield in a loop), and a tick thread spinning while a probe or a streamed chunk waits for the
+    other ranks takes a core from the rank's own forward and backward -- measured on 2 cores, 10M parameters, 2 ranks:
+    forward and backward ran twice as long as under plain Horovod, whose training thread only waits after backward."""
     handles = [hvd.allreduce_async_(t, op=hvd.Sum, name=f"{name}.{i}") for i, t in enumerate(tensors)]
     for h in handles:
+        nap = POLL_S[0]
+        while not hvd.poll(h):
+            time.sleep(nap)
+            nap = min(2 * nap, POLL_S[1])
         hvd.synchronize(h)
 
 
@@ -98,8 +110,7 @@ def _relaxed_step(self, closure=None):
         session.relaxed_step(local_step=self._hvd_elastic_inner_step)
         return loss
     pushed = self._hvd_elastic_backward.settle(synchronized)
-    if not pushed:
-        refuse_sparse_gradients(self, session.cfg.policy)
+    refuse_sparse_gradients(self, session.cfg.policy)
     session.relaxed_step(self._hvd_elastic_flat.accumulate_gradients, pushed=pushed)
     if engine.applied_contributions == 0:
         # The optimizer state (momentum, Adam moments) is created by the first applied tick. Waiting for it once
@@ -211,7 +222,8 @@ def _build_relaxed(optimizer, session: Session, names, backward_passes_per_step:
     session.engine = SyncEngine(policy, session.rank, session.size, flat.numel, flat.buffers, _allreduce_sum,
                                 session.telemetry, tick_s=session.cfg.tick_ms / 1000.0, epoch_ns=epoch_ns,
                                 apply_gradient=apply_gradient, read_params=flat.weights, write_params=flat.set_weights,
-                                tick_name=f"hvd_elastic.torch.tick.{engine_id}")
+                                tick_name=f"hvd_elastic.torch.tick.{engine_id}",
+                                stream=session.cfg.push_at_backward and backward_passes_per_step == 1)
     optimizer._hvd_elastic_backward = BackwardPush(
         flat, session, names, session.cfg.push_at_backward and not session.engine.updates.local_step
         and backward_passes_per_step == 1)

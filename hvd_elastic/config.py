@@ -172,6 +172,11 @@ KNOBS = (
          "several backward passes per step) is recognised in its first step and pushes at step() instead; "
          "changing them after a push in a later step is a one-line error.",
          ("asp", "ssp", "dssp", "zipline")),
+    Knob("keep_heap", True, _bool, "0|1",
+         "Relaxed policies, glibc: keep heap memory the process frees for reuse (mallopt: trim above 1 GiB, mmap "
+         "above 32 MiB, once per process) instead of returning it to the system every step; measured at 10M "
+         "parameters: backward 43 -> 23 ms (page faults 4x -> 1x plain Horovod's). Peak memory is unchanged; 0 "
+         "leaves the allocator as it is.", ("asp", "ssp", "dssp", "zipline", "wbsp")),
     Knob("staleness_compensation", "none", _choice(("none", "inverse", "damped")), "none|inverse|damped",
          "Relaxed gradient policies: scale each gradient by its predicted staleness before it is pushed; inverse: "
          "min(1, n / staleness) (Zhang et al. 2016, lr / staleness), none: unscaled.",
@@ -222,6 +227,7 @@ class Config:
     max_inflight: Any = 0
     peer_wait: float = 0.5
     push_at_backward: bool = True
+    keep_heap: bool = True
     staleness_compensation: str = "none"
     emulate_delay: Mapping[Any, float] = dataclasses.field(default_factory=dict)
     emulate_slowdown: Mapping[Any, float] = dataclasses.field(default_factory=dict)

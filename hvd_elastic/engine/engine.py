@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, Deque, Optional
 
 
+from .. import heap as _heap
 from .. import watchdog as _watchdog
 from ..errors import HvdElasticError
 from ..telemetry import Telemetry
@@ -43,6 +44,8 @@ class SyncEngine:
                  write_params: Optional[Callable[[Any], None]] = None,
                  stall_timeout_s: float = 120.0, tick_name: str = "hvd_elastic.tick", stream: bool = False):
         self.policy, self.rank, self.size = policy, rank, size
+        if policy.cfg.keep_heap:
+            _heap.keep_freed_memory()
         self.buffers = buffers
         self.telemetry = telemetry
         self.read_params = read_params   # also for replica checks (zipline's barrier digest)

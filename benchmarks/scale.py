@@ -23,10 +23,12 @@ POLICIES = {"horovod": None, "bsp": {"HVD_ELASTIC_POLICY": "bsp"}, "lbbsp": {"HV
             "asp": {"HVD_ELASTIC_POLICY": "asp"}, "ssp": {"HVD_ELASTIC_POLICY": "ssp"},
             "dssp": {"HVD_ELASTIC_POLICY": "dssp"}, "zipline": {"HVD_ELASTIC_POLICY": "zipline"},
             "wbsp-overlap": {"HVD_ELASTIC_POLICY": "wbsp", "HVD_ELASTIC_WBSP_OVERLAP": "1"},
-            # variant (not in the default set): one own push in flight, the tick overlaps the next step's compute
+            # variants (not in the default set): one own push in flight (the tick overlaps the next step's
+            # compute), tick interval 5 ms, push at step(), the allocator left alone
             "asp-inflight1": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_MAX_INFLIGHT": "1"},
             "asp-tick5": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_TICK_MS": "5"},
-            "asp-pushatstep": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_PUSH_AT_BACKWARD": "0"}}
+            "asp-pushatstep": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_PUSH_AT_BACKWARD": "0"},
+            "asp-noheap": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_KEEP_HEAP": "0"}}
 DEFAULT_POLICIES = "horovod,bsp,lbbsp,asp,ssp,dssp,zipline,wbsp-overlap"
 
 

@@ -170,7 +170,8 @@ KNOBS = (
          "(as Horovod starts its allreduce from backward hooks), so the tick runs while the rank still computes "
          "before step(). A script that changes gradients after backward (optimizer.synchronize() then clipping, "
          "several backward passes per step) is recognised in its first step and pushes at step() instead; "
-         "changing them after a push in a later step is a one-line error.",
+         "changing them after a push in a later step is a one-line error. Models of 2M parameters or more stream "
+         "it: the tick reduces it in chunks while backward still runs (docs/design.md).",
          ("asp", "ssp", "dssp", "zipline")),
     Knob("keep_heap", True, _bool, "0|1",
          "Relaxed policies, glibc: keep heap memory the process frees for reuse (mallopt: trim above 1 GiB, mmap "

@@ -63,8 +63,11 @@ def test_streamed_pushes_of_a_large_model_keep_bsp_weights_and_every_update(poli
     assert pushed == 40 and all(c["applied_contributions"] == pushed for c in reports), reports
     assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
     if policy == "ssp":
+        # Horovod's weights up to the order of summation: a round whose two gradients land in two ticks is applied
+        # as two half steps (plain SGD: the same update, rounded differently). Measured: 0 (one tick per round) to
+        # 5.4e-6 over 2.25M weights and 20 steps; one chunk left unread gives 0.08.
         for r in ranks:
-            assert r["ref_max_abs"] > 0 and r["max_abs_diff"] <= 2e-6, r["max_abs_diff"]
+            assert r["ref_max_abs"] > 0 and r["max_abs_diff"] <= 5e-5, r["max_abs_diff"]
 
 
 def _common_invariants(ranks, policy):

@@ -42,13 +42,18 @@ class SyncEngine:
                  apply_gradient: Optional[Callable[[Any, float], None]] = None,
                  read_params: Optional[Callable[[], Any]] = None,
                  write_params: Optional[Callable[[Any], None]] = None,
+                 sample_params: Optional[Callable[[int], Any]] = None,
                  stall_timeout_s: float = 120.0, tick_name: str = "hvd_elastic.tick", stream: bool = False):
         self.policy, self.rank, self.size = policy, rank, size
         if policy.cfg.keep_heap:
             _heap.keep_freed_memory()
         self.buffers = buffers
         self.telemetry = telemetry
-        self.read_params = read_params   # also for replica checks (zipline's barrier digest)
+        self.read_params = read_params
+        self.numel = numel
+        # Replica checks (zipline's barrier digest): every k-th weight of the flat layout as a numpy array; a frontend
+        # that can read them without a flat copy of the whole model passes its own.
+        self.sample_params = sample_params or (lambda k: self.buffers.numpy(read_params())[::k])
         self.view = GlobalView(size)
         self.stall_timeout_s = stall_timeout_s
         self.pushed = 0                  # updates this rank pushed

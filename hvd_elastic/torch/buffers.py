@@ -147,6 +147,19 @@ class FlatParams:
             torch._foreach_copy_(self.views(self._weights), [p.detach() for p in self.params])
         return self._weights
 
+    def sample_weights(self, k: int) -> np.ndarray:
+        """Every k-th weight of the flat layout (weights()[::k]) as numpy, read from the parameters themselves:
+        no flat copy of the model (zipline's replica check at each barrier)."""
+        parts = []
+        with torch.no_grad():
+            for p, off, n in self.slices:
+                start = (-off) % k
+                if start < n:
+                    parts.append(p.detach().reshape(-1)[start::k].to("cpu"))
+        if not parts:
+            return np.zeros(0, self.dtype)
+        return torch.cat(parts).numpy()
+
     def set_weights(self, w: torch.Tensor):
         with torch.no_grad():
             torch._foreach_copy_(self.params, self.views(w))

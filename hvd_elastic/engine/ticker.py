@@ -72,11 +72,22 @@ STREAM_SPEED = 1.5        # a rank streams only while its push period is within 
 HOLD_FRACTION = 0.5        # default release hold, a fraction of the pushers' step period (HVD_ELASTIC_PEER_WAIT)
 
 
+def _pending_rows(meta: np.ndarray) -> np.ndarray:
+    """Rows with pushes waiting or a streamed push announced."""
+    return (meta[:, PENDING] > 0) | (meta[:, STREAM] > 0)
+
+
+def _next_start_ns(meta: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Predicted start of each row's next push (for a rank that streams, of its stream: LEAD_NS earlier), in the
+    row's own clock: what release() waits for and what next_probe_s() wakes up for."""
+    return meta[rows, LAST_PUSH_NS] + meta[rows, PERIOD_NS] - np.maximum(meta[rows, LEAD_NS], 0)
+
+
 def release(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> bool:
     """After a probe with this table: send the pending pushes in a full tick now (True) or probe again (False).
     Now, unless some rank with nothing pending is due to push within the hold window and the oldest pending push
     has waited less than that window. A function of the table only: every rank decides the same."""
-    pending = (meta[:, PENDING] > 0) | (meta[:, STREAM] > 0)
+    pending = _pending_rows(meta)
     if not pending.any():
         return False
     periods = meta[pending, PERIOD_NS]
@@ -87,8 +98,7 @@ def release(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> bool:
     if now - float(meta[pending, PENDING_SINCE_NS].min()) >= hold:
         return True
     idle = ~pending & (meta[:, FINISHED] == 0) & (meta[:, PERIOD_NS] > 0) & (meta[:, LAST_PUSH_NS] >= 0)
-    # due: its next push (or, for a rank that streams, the start of it) falls within the window
-    due = meta[idle, LAST_PUSH_NS] + meta[idle, PERIOD_NS] - np.maximum(meta[idle, LEAD_NS], 0) <= now + hold
+    due = _next_start_ns(meta, idle) <= now + hold   # its next push (or stream) starts within the window
     return not due.any()
 
 
@@ -106,10 +116,9 @@ def next_probe_s(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> Opti
     period = meta[:, PERIOD_NS].astype(np.float64)
     if (period[live] <= 0).any() or (meta[live, LAST_PUSH_NS] < 0).any():
         return None
-    pending = live & ((meta[:, PENDING] > 0) | (meta[:, STREAM] > 0))
+    pending = live & _pending_rows(meta)
     idle = live & ~pending
-    due = meta[idle, LAST_PUSH_NS] + (1.0 - QUIET_MARGIN) * period[idle] - np.maximum(meta[idle, LEAD_NS], 0) \
-        - meta[idle, NOW_NS]
+    due = _next_start_ns(meta, idle) - QUIET_MARGIN * period[idle] - meta[idle, NOW_NS]
     events = list(np.maximum(due, OVERDUE_POLL * period[idle]))   # an overdue rank: look again now and then
     if pending.any():
         hold = hold_fraction * float(period[pending].min())
@@ -238,15 +247,20 @@ class Ticker:
         """Add one update to this rank's next tick: ``accumulate(dst)`` adds it in place into `dst`, the first
         `numel` words of the pending buffer (under the ticker's lock). Returns the rank's clock (pushes so far)."""
         with self._lock:
-            self._check()
-            if self._finished:
-                raise TickerError("push after finish()")
-            if self._stream is not None:
-                raise TickerError("push() while a streamed push is under way")
+            self._check_open("push()")
             accumulate(self.buffers.head(self._pending, self.numel))
             now_ns = self.now_ns()
             self._add_pending(now_ns)
             return self._count_push(now_ns, interval_ns)
+
+    def _check_open(self, what: str):
+        """(Under the lock.) This rank may start a push: the thread is healthy, finish() has not been called and
+        no streamed push is under way."""
+        self._check()
+        if self._finished:
+            raise TickerError("push after finish()")
+        if self._stream is not None:
+            raise TickerError(f"{what} while a streamed push is under way")
 
     def _add_pending(self, since_ns: int):
         if self._pending_count == 0:
@@ -281,11 +295,7 @@ class Ticker:
         if not self.streams:
             return False
         with self._lock:
-            self._check()
-            if self._finished:
-                raise TickerError("push after finish()")
-            if self._stream is not None:
-                raise TickerError("stream_begin() while a streamed push is under way")
+            self._check_open("stream_begin()")
             meta = self._last_meta
             if self._period_ns <= 0 or meta is None:
                 return False
@@ -334,7 +344,7 @@ class Ticker:
         with self._lock:
             while self._stream is not None:
                 self._check()
-                if self._stream.state == _Stream.ANNOUNCED and not self._stream.complete:
+                if self._stream.state == _Stream.ANNOUNCED:   # stream_end() clears an announced stream
                     raise TickerError("stream_wait() before stream_end()")
                 self._lock.wait(0.5)
             self._check()

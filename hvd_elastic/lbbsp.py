@@ -8,7 +8,9 @@ native module:
   where g_p is the rank's mean gradient over its b_p samples and the metadata table (each rank fills its own row:
   step time in ns, b_p, whether the batch starts a pass over the data) rides in the same buffer as exact 16-bit
   pieces (``engine.ticker.encode_meta``). The applied gradient is ``sum_p b_p g_p / sum_p b_p``: the gradient of
-  one process over the whole global batch.
+  one process over the whole global batch. :meth:`LbbspController.step_overlapped` (torch) reduces each gradient
+  as backward produces it and submits the table with the first one (Horovod fuses them), so it carries the
+  previous step's time and the sizes follow one step later.
 - :meth:`LbbspController.update` -- the next sizes, from the table every rank received (so every rank feeds the
   same inputs to the native rule and gets the same sizes): cpu mode ``lbbsp_batch_sizes_cpu`` over the throughput
   ``v_p = 1 / predicted per-sample time`` (predictor ``HVD_ELASTIC_PREDICTOR`` over each rank's per-sample time
@@ -30,6 +32,7 @@ from .engine.ticker import META_PIECES, decode_meta, encode_meta
 from .errors import ConfigError, HvdElasticError
 
 _META = 3                      # columns of the metadata table: step time (ns), samples, first step of a pass
+_LAGGED = _META + 1            # the overlapped step's table: the previous step's _META columns + this step's samples
 HISTORY = 32                   # per-sample times kept per rank for the cpu-mode predictor
 TRACE_LIMIT = 2000             # most size changes kept in the report trace
 
@@ -87,6 +90,7 @@ class LbbspController:
         self._block: List[int] = []
         self.buffer: Optional[np.ndarray] = None   # [b_p * g_p | n x _META table], see bind()
         self.numel = 0
+        self._previous = (0, 0, 1)         # the overlapped step's lagged row (lagged_row): none before step 0
         self._publish()
 
     def bind(self, numel: int, dtype) -> np.ndarray:
@@ -142,22 +146,35 @@ class LbbspController:
         session.telemetry.add_step(compute + (t2 - t1), blocked)
         session.last_step_end = t2
 
-    def step_overlapped(self, session, reduce_table: Callable[[np.ndarray], np.ndarray],
-                        wait_gradients: Callable[[], None], apply: Callable[[int], None]):
-        """One lbbsp step of a frontend whose weighted gradients b_p g_p were already submitted for reduction
-        during backward (per-parameter hooks, as Horovod overlaps bsp): this rank's compute time (with the
-        emulated per-sample delay), the table's allreduce (`reduce_table(words) -> summed words`),
-        `wait_gradients()` for the summed b_p g_p, `apply(B)` (divide by the global batch B = sum_p b_p, then the
-        user's optimizer step), the next sizes, the step's telemetry."""
+    def lagged_row(self) -> np.ndarray:
+        """This rank's row of the overlapped step's table (:meth:`step_overlapped`), zeros elsewhere: the previous
+        step's (step ns, samples, pass start) -- its time is known only once that step ended -- and this step's
+        samples. The frontend submits its Sum-allreduce with the step's first gradient, so Horovod fuses it with
+        the gradients instead of running one more collective after backward. The first step's row is marked as a
+        pass start: it carries no time (and the second's time includes the start-up), neither is a speed."""
+        words = np.zeros(self.size * _LAGGED * META_PIECES, np.float64)
+        r0 = self.rank * _LAGGED * META_PIECES
+        encode_meta(np.array([*self._previous, self.local_batch()], np.int64),
+                    words[r0:r0 + _LAGGED * META_PIECES])
+        return words
+
+    def step_overlapped(self, session, wait_table: Callable[[], np.ndarray], wait_gradients: Callable[[], None],
+                        apply: Callable[[int], None]):
+        """One lbbsp step of a frontend whose weighted gradients b_p g_p and :meth:`lagged_row` table were
+        submitted for reduction during backward (per-parameter hooks, as Horovod overlaps bsp): this rank's compute
+        time (with the emulated per-sample delay), `wait_table()` for the summed table words, `wait_gradients()`
+        for the summed b_p g_p, `apply(B)` (divide by the global batch B = sum_p b_p, then the user's optimizer
+        step), the next sizes from the previous step's times (one step later than :meth:`step`: the price of
+        not running a collective of its own), the step's telemetry."""
         compute = session.begin_step(samples=self.local_batch())
-        words = np.zeros(self.table_words, np.float64)
-        self.encode_row(compute, words)
         t0 = time.perf_counter()
-        table = self.decode_table(reduce_table(words))
+        table = decode_meta(wait_table(), self.size, _LAGGED)
         wait_gradients()
         t1 = time.perf_counter()
-        apply(int(table[:, 1].sum()))
-        self.update(table)
+        apply(int(table[:, _META].sum()))
+        mine = int(compute * 1e9)
+        self._previous = (mine, self.local_batch(), int(self.pass_start or self.steps == 0))
+        self.update(table[:, :_META], mine_ns=mine)
         t2 = time.perf_counter()
         session.telemetry.add_step(compute + (t2 - t1), t1 - t0)
         session.last_step_end = t2
@@ -177,9 +194,10 @@ class LbbspController:
             return _native.predict_arx_interval(history)
         return _native.predict_last_interval(history)
 
-    def update(self, meta: np.ndarray):
+    def update(self, meta: np.ndarray, mine_ns: Optional[int] = None):
         """One iteration boundary: meta[p] = (step ns, samples, pass start) of every rank; decide the next sizes
-        (from the table only, so every rank decides the same)."""
+        (from the table only, so every rank decides the same). `mine_ns`: this rank's step time for its telemetry
+        when the table's is an earlier step's (default: the table's)."""
         step_ns, samples = meta[:, 0], meta[:, 1]
         if self.steps == 0 or meta[:, 2].any():
             # The first step's time includes each rank's start-up since the optimizer was built, and the first step
@@ -203,7 +221,7 @@ class LbbspController:
             new = list(_native.lbbsp_resize_cpu(throughput, self.sizes, self.batch_size, self.caps,
                                                 self.cfg.lbbsp_tolerance))
         self.steps += 1
-        mine = int(step_ns[self.rank])
+        mine = int(step_ns[self.rank]) if mine_ns is None else int(mine_ns)
         self.step_ns_sum += mine
         self._block.append(mine)
         if len(self._block) == 10:

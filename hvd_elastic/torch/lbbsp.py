@@ -26,13 +26,16 @@ from .wrapping import refuse_sparse_gradients, refuse_unsupported_arguments, wra
 class _Overlap:
     """LB-BSP's exchange overlapped with backward, as Horovod overlaps bsp: a post-accumulate-grad hook per
     parameter scales its gradient by this rank's batch size b_p and submits its Sum allreduce at once (Horovod
-    negotiates by name, so the order in which gradients become ready may differ across ranks); step() then only
-    reduces the small table of (step time, b_p, pass start), waits for the gradients and divides them by
-    B = sum_p b_p. One backward per step: a second gradient of the same parameter before step() is an error."""
+    negotiates by name, so the order in which gradients become ready may differ across ranks); the first one also
+    submits the small table of the previous step's (step time, b_p, pass start) and this step's b_p
+    (LbbspController.lagged_row), so Horovod fuses it with the gradients; step() waits for both and divides the
+    gradients by B = sum_p b_p. One backward per step: a second gradient of the same parameter before step() is
+    an error."""
 
     def __init__(self, optimizer, ctl: LbbspController, params):
         self.optimizer, self.ctl, self.params = optimizer, ctl, params
         self.handles = {}
+        self.table = None       # (tensor, handle) of this step's table allreduce, submitted with the first gradient
         self._index = {id(p): i for i, p in enumerate(params)}
         self.hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in params]
 
@@ -44,6 +47,9 @@ class _Overlap:
     def _submit(self, p):
         if p.grad.is_sparse:
             refuse_sparse_gradients(self.optimizer, "lbbsp")
+        if self.table is None:
+            words = torch.from_numpy(self.ctl.lagged_row())
+            self.table = words, hvd.allreduce_async_(words, op=hvd.Sum, name="hvd_elastic.lbbsp.table")
         p.grad.mul_(self.ctl.local_batch())
         self.handles[p] = hvd.allreduce_async_(p.grad, op=hvd.Sum, name=f"hvd_elastic.lbbsp.{self._name(p)}")
 
@@ -62,8 +68,11 @@ class _Overlap:
                         p.grad = torch.zeros_like(p)
                     self._submit(p)
 
-        def reduce_table(words):
-            return hvd.allreduce(torch.from_numpy(words), op=hvd.Sum, name="hvd_elastic.lbbsp.table").numpy()
+        def wait_table():
+            words, handle = self.table
+            hvd.synchronize(handle)
+            self.table = None
+            return words.numpy()
 
         def wait_gradients():
             for h in self.handles.values():
@@ -75,11 +84,11 @@ class _Overlap:
                 torch._foreach_div_([p.grad for p in self.params], total)
             self.optimizer._hvd_elastic_inner_step()
 
-        self.ctl.step_overlapped(session, reduce_table, wait_gradients, apply)
+        self.ctl.step_overlapped(session, wait_table, wait_gradients, apply)
 
 
 def _lbbsp_step(self, closure=None):
-    """step() under lbbsp: the gradients' weighted allreduces (submitted during backward) and the table's, the
+    """step() under lbbsp: the gradients' weighted allreduces and the table's (submitted during backward), the
     user's optimizer step over the global-batch gradient, the next sizes."""
     self._hvd_elastic_begin_step()      # Horovod's synchronize()/step() warning
     loss = None

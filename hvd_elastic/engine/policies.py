@@ -323,7 +323,8 @@ class Wbsp(Policy):
             if self.slowest >= 0 and self.published_clocks[self.slowest] <= self.downloaded_clocks[self.slowest]:
                 self.stale_downloads += 1
             self.downloaded_clocks = self.published_clocks.copy()
-            self.engine.updates.download()
+            # with overlap the upload just made may still be on its way into W (at most one: max_inflight)
+            self.engine.updates.download(keep_latest=self.engine.pushed - self.published_clocks[self.rank] == 1)
             self.state.on_download(self.rank)
 
     def finish(self):

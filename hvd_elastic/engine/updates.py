@@ -62,6 +62,7 @@ class DeltaUpdates:
         b = engine.buffers
         self.global_model = b.clone(read_params())    # W, identical on every rank at start
         self.last_upload = b.clone(self.global_model)
+        self.prev_upload = b.clone(self.global_model)  # last_upload - prev_upload: the latest upload's delta
         self.published = b.clone(self.global_model)   # W as of the last downloadable tick
         self.published_applied = 0                    # updates inside `published`
         self._w = None
@@ -77,7 +78,9 @@ class DeltaUpdates:
         return add_delta
 
     def pushed(self):
-        self.engine.buffers.copy_(self.last_upload, self._w)   # after the push: the delta was read from it
+        # after the push: the delta was read from last_upload, which now becomes prev_upload
+        self.last_upload, self.prev_upload = self.prev_upload, self.last_upload
+        self.engine.buffers.copy_(self.last_upload, self._w)
         self._w = None
         self.engine.applied_at_read += 1   # the rank's own copy holds this delta already (see staleness.py)
 
@@ -94,14 +97,24 @@ class DeltaUpdates:
         self.published_applied = e.applied_contributions
         e.telemetry.count("publishes")
 
-    def download(self):
-        """Replace this rank's weights by the last published global model (time counted as computation)."""
-        e = self.engine
+    def download(self, keep_latest: bool = False):
+        """Replace this rank's weights by the last published global model (time counted as computation).
+        keep_latest: this rank's latest upload is not in that model yet (it is still on its way into W): keep it
+        in the weights, which then are the published model + that delta, instead of undoing the rank's own last
+        step until a later download brings it back."""
+        e, b = self.engine, self.engine.buffers
         t0 = time.perf_counter()
-        self.write_params(self.published)
-        e.buffers.copy_(self.last_upload, self.published)
-        e.applied_at_read = self.published_applied
+        if keep_latest:
+            b.add_(self.last_upload, self.prev_upload, -1.0)    # the latest delta ...
+            b.add_(self.last_upload, self.published, 1.0)       # ... on the published model
+        else:
+            b.copy_(self.last_upload, self.published)
+        b.copy_(self.prev_upload, self.published)
+        self.write_params(self.last_upload)
+        e.applied_at_read = self.published_applied + int(keep_latest)
         e.telemetry.count("downloads")
+        if keep_latest:
+            e.telemetry.count("downloads_keeping_own")
         e.busy_s += time.perf_counter() - t0
 
     def finish(self):

@@ -1,0 +1,70 @@
+"""DeltaUpdates (wbsp's update kind) on the reference numpy buffers: the arithmetic of upload, publish and download,
+in particular that a download keeps this rank's own upload that is still on its way into the global model."""
+import types
+
+import numpy as np
+
+from hvd_elastic.engine.buffers import NumpyBuffers
+from hvd_elastic.engine.updates import DeltaUpdates
+from hvd_elastic.telemetry import Telemetry
+
+
+class _Rank:
+    """One rank's weights, and the few engine fields DeltaUpdates reads and writes (no collective involved)."""
+
+    def __init__(self, w0, size=2):
+        self.w = np.array(w0, np.float64)
+        self.engine = types.SimpleNamespace(buffers=NumpyBuffers(np.float64), size=size, applied_contributions=0,
+                                            applied_at_read=0, busy_s=0.0, telemetry=Telemetry(0, size, "wbsp"))
+        self.updates = DeltaUpdates(self.engine, read_params=lambda: self.w, write_params=self._write)
+
+    def _write(self, w):
+        self.w[:] = w
+
+    def upload(self):
+        """The push of one step: returns the delta it sends (what a tick would sum)."""
+        sent = np.zeros_like(self.w)
+        self.updates.push_function()(sent, 1.0)
+        self.updates.pushed()
+        return sent
+
+
+def test_download_keeps_the_own_upload_not_yet_in_the_published_model():
+    r = _Rank([1.0, 2.0, 3.0])
+    r.w += [0.1, 0.0, 0.0]                 # local step 1
+    d1 = r.upload()
+    np.testing.assert_allclose(d1, [0.1, 0.0, 0.0])
+    other = np.array([0.0, 0.4, 0.0])      # another rank's delta, in the same tick as d1
+    r.updates.apply(d1 + other)            # W += sum / n
+    r.engine.applied_contributions = 2
+    r.updates.publish()
+    r.w += [0.0, 0.0, 0.2]                 # local step 2, uploaded; its tick has not come back
+    d2 = r.upload()
+    np.testing.assert_allclose(d2, [0.0, 0.0, 0.2])
+    r.updates.download(keep_latest=True)
+    published = np.array([1.05, 2.2, 3.0])
+    np.testing.assert_allclose(r.updates.published, published)
+    np.testing.assert_allclose(r.w, published + d2)      # not the published model alone: step 2 is kept
+    assert r.engine.applied_at_read == 3                 # the published model's 2 updates + its own
+    # the next upload is the delta since the download only: d2 is not sent twice
+    r.w += [0.0, 0.05, 0.0]
+    np.testing.assert_allclose(r.upload(), [0.0, 0.05, 0.0])
+    # once W holds every upload, a plain download is exactly the published model
+    r.updates.apply(d2 + np.array([0.0, 0.05, 0.0]))
+    r.engine.applied_contributions = 4
+    r.updates.publish()
+    r.updates.download()
+    np.testing.assert_allclose(r.w, published + (d2 + [0.0, 0.05, 0.0]) / 2)
+    c = r.engine.telemetry.counters
+    assert c["downloads"] == 2 and c["downloads_keeping_own"] == 1, c
+
+
+def test_plain_download_replaces_the_weights_and_resets_the_delta():
+    r = _Rank([0.0, 0.0])
+    r.w += [1.0, -1.0]
+    r.upload()
+    r.updates.publish()                    # the upload is not in W yet, and the rank drops it from its weights
+    r.updates.download(keep_latest=False)
+    np.testing.assert_allclose(r.w, [0.0, 0.0])
+    r.w += [0.5, 0.0]
+    np.testing.assert_allclose(r.upload(), [0.5, 0.0])   # measured from the downloaded model

@@ -182,6 +182,10 @@ KNOBS = (
          "Relaxed gradient policies: scale each gradient by its predicted staleness before it is pushed; inverse: "
          "min(1, n / staleness) (Zhang et al. 2016, lr / staleness), none: unscaled.",
          ("asp", "ssp", "dssp", "zipline", "wbsp")),
+    Knob("momentum_per", "round", _choice(("round", "tick")), "round|tick",
+         "Relaxed gradient policies, PyTorch optimizers with a momentum setting (SGD, RMSprop): a tick carrying k "
+         "of the n ranks' gradients advances momentum by momentum^(k/n) (round: once per n gradients, as under "
+         "Horovod) or by a whole step (tick). Keras/TF: always per tick.", ("asp", "ssp", "dssp", "zipline")),
     Knob("emulate_delay", {}, _per_rank(0.0), "'*:SECONDS,RANK:SECONDS,...' with SECONDS >= 0",
          "Emulated straggler: extra sleep per step, for every rank (*) and/or named ranks."),
     Knob("emulate_slowdown", {}, _per_rank(1.0), "'*:FACTOR,RANK:FACTOR,...' with FACTOR >= 1",
@@ -230,6 +234,7 @@ class Config:
     push_at_backward: bool = True
     keep_heap: bool = True
     staleness_compensation: str = "none"
+    momentum_per: str = "round"
     emulate_delay: Mapping[Any, float] = dataclasses.field(default_factory=dict)
     emulate_slowdown: Mapping[Any, float] = dataclasses.field(default_factory=dict)
     emulate_sample_delay: Mapping[Any, float] = dataclasses.field(default_factory=dict)

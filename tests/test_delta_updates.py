@@ -35,7 +35,7 @@ def test_download_keeps_the_own_upload_not_yet_in_the_published_model():
     d1 = r.upload()
     np.testing.assert_allclose(d1, [0.1, 0.0, 0.0])
     other = np.array([0.0, 0.4, 0.0])      # another rank's delta, in the same tick as d1
-    r.updates.apply(d1 + other)            # W += sum / n
+    r.updates.apply(d1 + other, 2)         # W += sum / n
     r.engine.applied_contributions = 2
     r.updates.publish()
     r.w += [0.0, 0.0, 0.2]                 # local step 2, uploaded; its tick has not come back
@@ -50,7 +50,7 @@ def test_download_keeps_the_own_upload_not_yet_in_the_published_model():
     r.w += [0.0, 0.05, 0.0]
     np.testing.assert_allclose(r.upload(), [0.0, 0.05, 0.0])
     # once W holds every upload, a plain download is exactly the published model
-    r.updates.apply(d2 + np.array([0.0, 0.05, 0.0]))
+    r.updates.apply(d2 + np.array([0.0, 0.05, 0.0]), 2)
     r.engine.applied_contributions = 4
     r.updates.publish()
     r.updates.download()

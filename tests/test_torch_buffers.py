@@ -31,3 +31,27 @@ def test_accumulate_range_adds_exactly_the_words_of_the_flat_gradient():
     for a, b in zip(bounds, bounds[1:]):
         flat.accumulate_range(pieces[a:b], a, b, 0.5)
     assert torch.equal(pieces, whole) and not torch.equal(whole, start)
+
+
+def test_a_split_round_advances_momentum_once_per_round():
+    """HVD_ELASTIC_MOMENTUM_PER=round: two ticks carrying half a round each decay SGD's momentum buffer by m in
+    total (m^(1/2) each), as one tick with the whole round does; the group's momentum is restored after each."""
+    from hvd_elastic.torch.optimizer import step_with_momentum_share
+
+    def run(shares, grads):
+        p = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+        opt = torch.optim.SGD([p], lr=1.0, momentum=0.81)
+        p.grad = torch.ones(3, dtype=torch.float64)
+        opt.step()                                            # buffer = 1
+        for share, g in zip(shares, grads):
+            p.grad = torch.full((3,), g, dtype=torch.float64)
+            step_with_momentum_share(opt, opt.step, share)
+            assert opt.param_groups[0]["momentum"] == 0.81
+        return opt.state[p]["momentum_buffer"]
+
+    whole = run([1.0], [2.0])                                   # 0.81 * 1 + 2
+    split = run([0.5, 0.5], [1.0, 1.0])                         # 0.9 * (0.9 * 1 + 1) + 1
+    assert torch.allclose(whole, torch.full((3,), 2.81, dtype=torch.float64))
+    assert torch.allclose(split, torch.full((3,), 0.9 * 1.9 + 1, dtype=torch.float64))
+    # the old buffer's decay is the same: m over the round, whichever way it is split
+    assert torch.allclose(run([0.5, 0.5], [0.0, 0.0]), run([1.0], [0.0]))

@@ -3,8 +3,9 @@
 Framework-free: updates travel in flat buffers of the frontend's own tensor type, made and combined by its
 ``Buffers`` (the contract: engine/buffers.py; tf.Variables: tensorflow/buffers.py; torch tensors: torch/buffers.py).
 The frontend supplies ``allreduce_sum(buffers, name)`` (an in-place Sum allreduce over all ranks, with Horovod's
-ops) and the callbacks of the policy's update kind (engine/updates.py): ``apply_gradient(update, scale)`` for
-gradient policies (one optimizer step on the replica with gradient scale x update), ``read_params()`` /
+ops) and the callbacks of the policy's update kind (engine/updates.py): ``apply_gradient(update, scale, share)``
+for gradient policies (one optimizer step on the replica with gradient scale x update; share: the part of a round
+of n gradients the tick carries), ``read_params()`` /
 ``write_params(w)`` for delta policies (wbsp).
 
 Per training step the frontend calls :meth:`SyncEngine.step` (and may call :meth:`SyncEngine.push` earlier, when the
@@ -39,7 +40,7 @@ class SyncEngine:
     def __init__(self, policy, rank: int, size: int, numel: int, buffers,
                  allreduce_sum: Callable[[list, str], None], telemetry: Telemetry,
                  tick_s: float, epoch_ns: int,
-                 apply_gradient: Optional[Callable[[Any, float], None]] = None,
+                 apply_gradient: Optional[Callable[[Any, float, float], None]] = None,
                  read_params: Optional[Callable[[], Any]] = None,
                  write_params: Optional[Callable[[Any], None]] = None,
                  sample_params: Optional[Callable[[int], Any]] = None,
@@ -193,7 +194,7 @@ class SyncEngine:
             self.staleness.add(self.applied_contributions - applied_at_read, clock)
         if tick.update is not None:
             t0 = time.perf_counter()
-            self.updates.apply(tick.update)
+            self.updates.apply(tick.update, tick.total_count)
             self.ticker.recycle(tick)
             self.busy_s += time.perf_counter() - t0
             self.applied_contributions += tick.total_count

@@ -2,7 +2,8 @@
 and the engine (engine.py) holds one instance, so no code asks which kind it runs.
 
 - :class:`GradientUpdates` (asp, ssp, dssp, zipline): each step pushes this rank's gradient; every tick's sum is
-  applied with the optimizer, scale 1 / n, on every rank's replica, in tick order -- the parameter server's role,
+  applied with the optimizer, scale 1 / n (and the tick's share of a round, for momentum), on every rank's replica,
+  in tick order -- the parameter server's role,
   played by every rank, so weights and optimizer state stay identical everywhere.
 - :class:`DeltaUpdates` (wbsp): each rank trains its own copy with its own optimizer (a local step, then the push)
   and pushes model deltas; the engine keeps the global model W (W += tick sum / n), which the policy publishes and
@@ -23,7 +24,7 @@ class GradientUpdates:
     replicated = True     # weights and optimizer state are the same on every rank (collective helpers may rely on it)
     align_peers = True    # peer alignment (HVD_ELASTIC_PEER_WAIT): equally fast ranks compute on the same replica
 
-    def __init__(self, engine, apply_gradient: Optional[Callable[[Any, float], None]] = None, **_):
+    def __init__(self, engine, apply_gradient: Optional[Callable[[Any, float, float], None]] = None, **_):
         if apply_gradient is None:
             raise TypeError("gradient policies need apply_gradient")
         self.engine, self.apply_gradient = engine, apply_gradient
@@ -35,8 +36,11 @@ class GradientUpdates:
     def pushed(self):
         pass
 
-    def apply(self, update):
-        self.apply_gradient(update, 1.0 / self.engine.size)
+    def apply(self, update, count: int):
+        """One optimizer step with the tick's summed gradients (`count` of them) / n; ``share`` = count / n is the
+        part of a round the tick carries (the frontend advances momentum by that much: HVD_ELASTIC_MOMENTUM_PER)."""
+        n = self.engine.size
+        self.apply_gradient(update, 1.0 / n, count / n)
 
     def proceeding(self):
         """The rank starts its next step: it computes on the replica as of now (staleness bookkeeping)."""
@@ -84,7 +88,7 @@ class DeltaUpdates:
         self._w = None
         self.engine.applied_at_read += 1   # the rank's own copy holds this delta already (see staleness.py)
 
-    def apply(self, update):
+    def apply(self, update, count: int):
         self.engine.buffers.add_(self.global_model, update, 1.0 / self.engine.size)
 
     def proceeding(self):

@@ -197,7 +197,8 @@ class ElasticState:
         buffers = TfBuffers(flat.dtype)
         s.engine = SyncEngine(make_policy(s.cfg), s.rank, s.size, flat.numel, buffers, _allreduce_sum, s.telemetry,
                               tick_s=s.cfg.tick_ms / 1000.0, epoch_ns=epoch_ns,
-                              apply_gradient=lambda update, scale: apply_flat(buffers.tensor(update) * scale),
+                              # momentum per tick: a Keras optimizer's momentum is a constant of its compiled step
+                              apply_gradient=lambda update, scale, share: apply_flat(buffers.tensor(update) * scale),
                               read_params=flat.weights, write_params=flat.set_weights)
 
     def finish(self) -> Dict[str, Any]:

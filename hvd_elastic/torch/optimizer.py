@@ -19,7 +19,7 @@ import itertools
 import sys
 import time
 import types
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import horovod.torch as hvd
 import horovod.torch.functions as _hvd_functions
@@ -194,6 +194,25 @@ def sync_replicas(optimizer):
 _ENGINE_IDS = itertools.count()      # relaxed engines built in this process: the same sequence on every rank
 
 
+def step_with_momentum_share(optimizer, step: Callable[[], Any], share: float):
+    """Run `step` (the optimizer's own step) for a tick that carries `share` (k / n) of a round of gradients: every
+    param group's momentum in (0, 1) (SGD, RMSprop) is momentum^share during it, so momentum advances once per n
+    gradients, as under Horovod, however a round is split over ticks; read at every tick (a scheduler may cycle it)
+    and restored after."""
+    if share >= 1.0:
+        step()
+        return
+    saved = [(g, g["momentum"]) for g in optimizer.param_groups
+             if isinstance(g.get("momentum"), (int, float)) and 0.0 < g["momentum"] < 1.0]
+    for g, m in saved:
+        g["momentum"] = m ** share
+    try:
+        step()
+    finally:
+        for g, m in saved:
+            g["momentum"] = m
+
+
 def _build_relaxed(optimizer, session: Session, names, backward_passes_per_step: int = 1):
     params = [p for g in optimizer.param_groups for p in g["params"]]
     flat = FlatParams(params)
@@ -203,9 +222,11 @@ def _build_relaxed(optimizer, session: Session, names, backward_passes_per_step:
     wrap_class(optimizer, _relaxed_step, {"state_dict": _relaxed_state_dict, "synchronize": _relaxed_synchronize})
     optimizer._hvd_elastic_flat = flat
 
-    def apply_gradient(update, scale):
+    per_round = session.cfg.momentum_per == "round"
+
+    def apply_gradient(update, scale, share):
         flat.load_gradient(update, scale)
-        optimizer._hvd_elastic_inner_step()
+        step_with_momentum_share(optimizer, optimizer._hvd_elastic_inner_step, share if per_round else 1.0)
 
     # Construction is collective and happens in the same order on every rank, so the n-th engine of each rank
     # has the same id: its tick tensor name is unique in the process and identical across ranks.

@@ -14,7 +14,8 @@ class _Rank:
 
     def __init__(self, w0, size=2):
         self.w = np.array(w0, np.float64)
-        self.engine = types.SimpleNamespace(buffers=NumpyBuffers(np.float64), size=size, applied_contributions=0,
+        self.engine = types.SimpleNamespace(buffers=NumpyBuffers(np.float64), size=size, numel=len(w0),
+                                            applied_contributions=0,
                                             applied_at_read=0, busy_s=0.0, telemetry=Telemetry(0, size, "wbsp"))
         self.updates = DeltaUpdates(self.engine, read_params=lambda: self.w, write_params=self._write)
 

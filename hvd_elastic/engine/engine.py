@@ -5,7 +5,7 @@ Framework-free: updates travel in flat buffers of the frontend's own tensor type
 The frontend supplies ``allreduce_sum(buffers, name)`` (an in-place Sum allreduce over all ranks, with Horovod's
 ops) and the callbacks of the policy's update kind (engine/updates.py): ``apply_gradient(update, scale, share)``
 for gradient policies (one optimizer step on the replica with gradient scale x update; share: the part of a round
-of n gradients the tick carries), ``read_params()`` /
+of n gradients the tick carries), ``read_params()`` (or ``read_params_into(buf)``, which spares a flat copy) /
 ``write_params(w)`` for delta policies (wbsp).
 
 Per training step the frontend calls :meth:`SyncEngine.step` (and may call :meth:`SyncEngine.push` earlier, when the
@@ -43,6 +43,7 @@ class SyncEngine:
                  apply_gradient: Optional[Callable[[Any, float, float], None]] = None,
                  read_params: Optional[Callable[[], Any]] = None,
                  write_params: Optional[Callable[[Any], None]] = None,
+                 read_params_into: Optional[Callable[[Any], None]] = None,
                  sample_params: Optional[Callable[[int], Any]] = None,
                  stall_timeout_s: float = 120.0, tick_name: str = "hvd_elastic.tick", stream: bool = False):
         self.policy, self.rank, self.size = policy, rank, size
@@ -68,7 +69,7 @@ class SyncEngine:
         self.applied_at_read = 0
         self._unapplied: Deque = collections.deque()
         self.updates = policy.updates(self, apply_gradient=apply_gradient, read_params=read_params,
-                                      write_params=write_params)
+                                      write_params=write_params, read_params_into=read_params_into)
         # Peer alignment (HVD_ELASTIC_PEER_WAIT) also bounds how long a tick holds pushes for ranks due to push.
         self.ticker = Ticker(numel, buffers, rank, size, allreduce_sum, tick_s=tick_s, epoch_ns=epoch_ns,
                              name=tick_name, hold_fraction=policy.cfg.peer_wait,

@@ -59,33 +59,36 @@ class DeltaUpdates:
     align_peers = False
 
     def __init__(self, engine, read_params: Optional[Callable[[], Any]] = None,
-                 write_params: Optional[Callable[[Any], None]] = None, **_):
-        if read_params is None or write_params is None:
-            raise TypeError("delta policies need read_params and write_params")
-        self.engine, self.read_params, self.write_params = engine, read_params, write_params
+                 write_params: Optional[Callable[[Any], None]] = None,
+                 read_params_into: Optional[Callable[[Any], None]] = None, **_):
+        if (read_params is None and read_params_into is None) or write_params is None:
+            raise TypeError("delta policies need read_params (or read_params_into) and write_params")
         b = engine.buffers
-        self.global_model = b.clone(read_params())    # W, identical on every rank at start
+        self.engine, self.write_params = engine, write_params
+        # The weights into a buffer of ours: straight from the parameters where the frontend can (no flat scratch
+        # copy of the model), else through read_params().
+        self.read_params_into = read_params_into or (lambda buf: b.copy_(buf, read_params()))
+        self.global_model = b.zeros(engine.numel)     # W, identical on every rank at start
+        self.read_params_into(self.global_model)
         self.last_upload = b.clone(self.global_model)
         self.prev_upload = b.clone(self.global_model)  # last_upload - prev_upload: the latest upload's delta
         self.published = b.clone(self.global_model)   # W as of the last downloadable tick
         self.published_applied = 0                    # updates inside `published`
-        self._w = None
 
     def push_function(self, accumulate=None) -> Callable[[Any, float], None]:
-        """The delta since the last upload (or download): this rank's weights - last upload."""
-        b, w, last = self.engine.buffers, self.read_params(), self.last_upload
-        self._w = w
+        """The delta since the last upload (or download): the weights now (read into the older upload buffer,
+        which becomes last_upload) - the previous last upload (now prev_upload)."""
+        b = self.engine.buffers
+        self.last_upload, self.prev_upload = self.prev_upload, self.last_upload
+        self.read_params_into(self.last_upload)
+        last, prev = self.last_upload, self.prev_upload
 
         def add_delta(dst, alpha):
-            b.add_(dst, w, alpha)
-            b.add_(dst, last, -alpha)
+            b.add_(dst, last, alpha)
+            b.add_(dst, prev, -alpha)
         return add_delta
 
     def pushed(self):
-        # after the push: the delta was read from last_upload, which now becomes prev_upload
-        self.last_upload, self.prev_upload = self.prev_upload, self.last_upload
-        self.engine.buffers.copy_(self.last_upload, self._w)
-        self._w = None
         self.engine.applied_at_read += 1   # the rank's own copy holds this delta already (see staleness.py)
 
     def apply(self, update, count: int):

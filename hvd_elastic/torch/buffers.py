@@ -143,9 +143,13 @@ class FlatParams:
         """The weights as one flat tensor (a scratch buffer, overwritten by the next call)."""
         if self._weights is None:
             self._weights = torch.empty(self.numel, dtype=self.torch_dtype, device=self.device)
-        with torch.no_grad():
-            torch._foreach_copy_(self.views(self._weights), [p.detach() for p in self.params])
+        self.weights_into(self._weights)
         return self._weights
+
+    def weights_into(self, out: torch.Tensor):
+        """Copy the weights into the flat tensor `out` (a buffer of the engine's: no scratch copy of the model)."""
+        with torch.no_grad():
+            torch._foreach_copy_(self.views(out), [p.detach() for p in self.params])
 
     def sample_weights(self, k: int) -> np.ndarray:
         """Every k-th weight of the flat layout (weights()[::k]) as numpy, read from the parameters themselves:

@@ -25,7 +25,11 @@ def test_a_killed_rank_stops_every_rank_with_a_message_naming_it(launcher, tmp_p
     # (3 busy ranks on 2 cores here: it won about one run in two), so the line is required under horovodrun only.
     plugin = [l for l in res.rank_lines() if re.match(r"^\[(\d+,)?[01]\]<stderr>:", l)
               and "hvd_elastic: error: rank 2 lost" in l]
-    assert plugin or launcher == "mpirun", res.output[-3000:]
+    # Under horovodrun Gloo's own reaction (a reset connection shuts Horovod down) can also beat the heartbeat: the
+    # live rank then stops on its tick thread's error, a line of the plugin too (seen once in the tenth session's CI).
+    horovod_first = [l for l in res.rank_lines() if "hvd_elastic: error: tick thread failed: Horovod has been shut "
+                     "down" in l]
+    assert plugin or horovod_first or launcher == "mpirun", res.output[-3000:]
     # No rank but 2 is ever named lost. (Under Gloo, Horovod's own reaction to the lost peer can reach a live
     # rank's tick thread before the watchdog's line, which then also reports "tick thread failed: Horovod has been
     # shut down" and the unfinished optimizer: consequences, not wrong names.)

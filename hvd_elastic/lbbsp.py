@@ -100,15 +100,10 @@ class LbbspController:
         self.buffer = np.zeros(self.numel + self.size * _META * META_PIECES, dtype)
         return self.buffer
 
-    @property
-    def table_words(self) -> int:
-        """Length of the encoded (n x _META) table of every rank's (step ns, samples, pass start)."""
-        return self.size * _META * META_PIECES
-
     def encode_row(self, compute_s: float, out: np.ndarray):
-        """Write this rank's row of the table into `out` (table_words long; the other rows zero), so that a Sum
-        over ranks is an allgather: each row has exactly one contributor and every 16-bit piece is exact in
-        float32/float64."""
+        """Write this rank's row of the table into `out` (n x _META x META_PIECES words; the other rows zero), so
+        that a Sum over ranks is an allgather: each row has exactly one contributor and every 16-bit piece is exact
+        in float32/float64."""
         out[:] = 0
         r0 = self.rank * _META * META_PIECES
         encode_meta(np.array([int(compute_s * 1e9), self.local_batch(), int(self.pass_start)], np.int64),

@@ -51,7 +51,6 @@ class SyncEngine:
             _heap.keep_freed_memory()
         self.buffers = buffers
         self.telemetry = telemetry
-        self.read_params = read_params
         self.numel = numel
         # Replica checks (zipline's barrier digest): every k-th weight of the flat layout as a numpy array; a frontend
         # that can read them without a flat copy of the whole model passes its own.

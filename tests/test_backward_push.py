@@ -74,5 +74,10 @@ def test_clipping_after_a_push_at_backward_is_an_error_on_every_rank(tmp_path):
     res = _run(tmp_path, "asp", "--clip", "late", "--late-at", "5", timeout=90)
     assert res.returncode != 0
     lines = res.lines_with("changed after backward after this step's gradient was pushed")
-    assert len({line.split("]")[0] for line in lines}) == 2, res.output[-3000:]
+    assert lines, res.output[-3000:]
     assert all("'0.weight'" in line and "HVD_ELASTIC_PUSH_AT_BACKWARD=0" in line for line in lines), lines
+    # Every rank stops on a line of the plugin. Usually each rank reaches the same step and raises the error itself;
+    # a rank still inside an earlier step when the first one exits stops instead on its tick thread's error (Horovod
+    # shut down under it): seen once in the tenth session's fresh-clone CI run. Both are the plugin's, neither hangs.
+    shutdown = res.lines_with("hvd_elastic: error: tick thread failed: Horovod has been shut down")
+    assert len({line.split("]")[0] for line in lines + shutdown}) == 2, res.output[-3000:]

@@ -60,7 +60,10 @@ def main():
     sgd = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=args.momentum)
     straggler = worker_straggler(args, rank, size)
     if args.impl == "horovod":
-        opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
+        # BENCH_GRADIENT_PREDIVIDE_FACTOR: the matrix's control cell (matrix.py, CONTROLS)
+        predivide = float(os.environ.get("BENCH_GRADIENT_PREDIVIDE_FACTOR", "1"))
+        opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
+                                       gradient_predivide_factor=predivide)
         policy, telemetry = "horovod", Telemetry(rank, size, "horovod")
     else:
         lbbsp = os.environ.get("HVD_ELASTIC_POLICY") == "lbbsp"

@@ -210,20 +210,20 @@ def test_update_merges_rerun_jobs_in_place():
 def test_controls_are_not_checked_against_the_targets_and_mixed_seeds_are_named():
     def row(policy, seed, t, profile="homogeneous"):
         return {"frontend": "torch", "profile": profile, "policy": policy, "seed": seed, "time_to_target_s": t,
-                "time_to_target_steps": int(100 * t), "final_accuracy": 0.95 if policy != "horovod-nofusion" else 0.5,
+                "time_to_target_steps": int(100 * t), "final_accuracy": 0.95 if policy != "horovod-predivide3" else 0.5,
                 "wall_s": 20.0, "staleness": {"mean": 0, "p90": 0, "max": 0}, "fast_compute_share": 0.9,
                 "fast_wait_share": 0.1, "compute_share": [0.9] * 4, "wait_share": [0.1] * 4, "comm_share": [0.0] * 4}
 
     rows = [row("horovod", s, 10.0) for s in range(5)] + [row("asp", s, 10.5) for s in range(3)] + \
-        [row("horovod-nofusion", s, 30.0) for s in range(3)]
+        [row("horovod-predivide3", s, 30.0) for s in range(3)]
     cells = aggregate(rows)
     lines = "\n".join(check_targets(cells, 0.9, "mnist1d"))
     # the control is 3x slower and 45 points worse, yet no target line names it; asp's 0.95x is checked
-    assert "horovod-nofusion" not in lines and "asp 0.95x (met)" in lines, lines
+    assert "horovod-predivide3" not in lines and "asp 0.95x (met)" in lines, lines
     assert "final accuracy of every policy within 1 point of Horovod's, every profile: met" in lines, lines
     md = markdown(cells, 0.9, parse_args(["--out", "x"]), [], "")
-    assert "seeds 0-4: homogeneous horovod; seeds 0-2: homogeneous asp, homogeneous horovod-nofusion" in md, md[:2000]
-    assert "horovod-nofusion is a control, not a policy" in md
+    assert "seeds 0-4: homogeneous horovod; seeds 0-2: homogeneous asp, homogeneous horovod-predivide3" in md, md[:2000]
+    assert "horovod-predivide3 is a control, not a policy" in md
     assert "--first-seed must be >= 0" in subprocess.run(
         [sys.executable, "-m", "benchmarks", "--first-seed", "-1"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, timeout=60).stdout

@@ -3,6 +3,7 @@ in particular that a download keeps this rank's own upload that is still on its 
 import types
 
 import numpy as np
+import pytest
 
 from hvd_elastic.engine.buffers import NumpyBuffers
 from hvd_elastic.engine.updates import DeltaUpdates
@@ -12,12 +13,21 @@ from hvd_elastic.telemetry import Telemetry
 class _Rank:
     """One rank's weights, and the few engine fields DeltaUpdates reads and writes (no collective involved)."""
 
-    def __init__(self, w0, size=2):
+    def __init__(self, w0, size=2, inplace=False):
         self.w = np.array(w0, np.float64)
         self.engine = types.SimpleNamespace(buffers=NumpyBuffers(np.float64), size=size, numel=len(w0),
                                             applied_contributions=0,
                                             applied_at_read=0, busy_s=0.0, telemetry=Telemetry(0, size, "wbsp"))
-        self.updates = DeltaUpdates(self.engine, read_params=lambda: self.w, write_params=self._write)
+        # inplace: the frontend reads and changes its parameters in place (as torch's does), else the fallbacks
+        # through read_params / write_params (as TensorFlow's)
+        extra = dict(add_params_into=self._add_into, add_to_params=self._add_to) if inplace else {}
+        self.updates = DeltaUpdates(self.engine, read_params=lambda: self.w.copy(), write_params=self._write, **extra)
+
+    def _add_into(self, dst, alpha):
+        dst += alpha * self.w
+
+    def _add_to(self, src, alpha):
+        self.w += alpha * src
 
     def _write(self, w):
         self.w[:] = w
@@ -30,11 +40,13 @@ class _Rank:
         return sent
 
 
-def test_download_keeps_the_own_upload_not_yet_in_the_published_model():
-    r = _Rank([1.0, 2.0, 3.0])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_download_keeps_the_own_upload_not_yet_in_the_published_model(inplace):
+    r = _Rank([1.0, 2.0, 3.0], inplace=inplace)
     r.w += [0.1, 0.0, 0.0]                 # local step 1
     d1 = r.upload()
     np.testing.assert_allclose(d1, [0.1, 0.0, 0.0])
+    r.updates.proceeding()                 # step 1 ends without a download: the next delta starts from here
     other = np.array([0.0, 0.4, 0.0])      # another rank's delta, in the same tick as d1
     r.updates.apply(d1 + other, 2)         # W += sum / n
     r.engine.applied_contributions = 2
@@ -60,8 +72,9 @@ def test_download_keeps_the_own_upload_not_yet_in_the_published_model():
     assert c["downloads"] == 2 and c["downloads_keeping_own"] == 1, c
 
 
-def test_plain_download_replaces_the_weights_and_resets_the_delta():
-    r = _Rank([0.0, 0.0])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_plain_download_replaces_the_weights_and_resets_the_delta(inplace):
+    r = _Rank([0.0, 0.0], inplace=inplace)
     r.w += [1.0, -1.0]
     r.upload()
     r.updates.publish()                    # the upload is not in W yet, and the rank drops it from its weights
@@ -69,3 +82,16 @@ def test_plain_download_replaces_the_weights_and_resets_the_delta():
     np.testing.assert_allclose(r.w, [0.0, 0.0])
     r.w += [0.5, 0.0]
     np.testing.assert_allclose(r.upload(), [0.5, 0.0])   # measured from the downloaded model
+
+
+def test_consecutive_uploads_without_downloads_each_send_their_own_step():
+    r = _Rank([0.0, 0.0, 0.0], inplace=True)
+    sent = []
+    for k in range(3):
+        r.w[k] += 1.0 + k                  # local step k
+        sent.append(r.upload())
+        r.updates.proceeding()
+    np.testing.assert_allclose(sum(sent), r.w)                 # nothing sent twice, nothing lost
+    np.testing.assert_allclose(sent[2], [0.0, 0.0, 3.0])
+    with pytest.raises(RuntimeError, match="without an upload"):
+        r.updates.download(keep_latest=True)                   # no upload since base moved: nothing to keep

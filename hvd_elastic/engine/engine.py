@@ -6,7 +6,8 @@ The frontend supplies ``allreduce_sum(buffers, name)`` (an in-place Sum allreduc
 ops) and the callbacks of the policy's update kind (engine/updates.py): ``apply_gradient(update, scale, share)``
 for gradient policies (one optimizer step on the replica with gradient scale x update; share: the part of a round
 of n gradients the tick carries), ``read_params()`` (or ``read_params_into(buf)``, which spares a flat copy) /
-``write_params(w)`` for delta policies (wbsp).
+``write_params(w)`` for delta policies (wbsp), and where the frontend can, ``add_params_into(dst, alpha)`` /
+``add_to_params(src, alpha)`` (dst += alpha x weights, weights += alpha x src, in place in its parameters).
 
 Per training step the frontend calls :meth:`SyncEngine.step` (and may call :meth:`SyncEngine.push` earlier, when the
 update is complete, or stream it while backward produces it: :meth:`SyncEngine.stream_begin`). The engine pushes the
@@ -44,6 +45,8 @@ class SyncEngine:
                  read_params: Optional[Callable[[], Any]] = None,
                  write_params: Optional[Callable[[Any], None]] = None,
                  read_params_into: Optional[Callable[[Any], None]] = None,
+                 add_params_into: Optional[Callable[[Any, float], None]] = None,
+                 add_to_params: Optional[Callable[[Any, float], None]] = None,
                  sample_params: Optional[Callable[[int], Any]] = None,
                  stall_timeout_s: float = 120.0, tick_name: str = "hvd_elastic.tick", stream: bool = False):
         self.policy, self.rank, self.size = policy, rank, size
@@ -68,7 +71,8 @@ class SyncEngine:
         self.applied_at_read = 0
         self._unapplied: Deque = collections.deque()
         self.updates = policy.updates(self, apply_gradient=apply_gradient, read_params=read_params,
-                                      write_params=write_params, read_params_into=read_params_into)
+                                      write_params=write_params, read_params_into=read_params_into,
+                                      add_params_into=add_params_into, add_to_params=add_to_params)
         # Peer alignment (HVD_ELASTIC_PEER_WAIT) also bounds how long a tick holds pushes for ranks due to push.
         self.ticker = Ticker(numel, buffers, rank, size, allreduce_sum, tick_s=tick_s, epoch_ns=epoch_ns,
                              name=tick_name, hold_fraction=policy.cfg.peer_wait,

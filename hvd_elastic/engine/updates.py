@@ -52,7 +52,14 @@ class GradientUpdates:
 
 
 class DeltaUpdates:
-    """Push model deltas of this rank's own copy; keep, publish and download the global model."""
+    """Push model deltas of this rank's own copy; keep, publish and download the global model.
+
+    Buffers: the global model W, the published W, and ``base`` -- the weights the next delta is measured from (those
+    of the last upload or download). A step's upload adds weights - base into the send buffer straight from the
+    parameters; base moves to the uploaded weights at the end of the step (:meth:`proceeding`), or a download in that
+    step rewrites both. Per step 3 model-sized passes (2 for the upload, 1 to move base); a download that keeps the
+    rank's latest upload 3 instead of that 1. (A frontend without in-place access to its parameters -- TensorFlow's
+    -- goes through read_params / write_params and one flat scratch buffer more.)"""
 
     local_step = True
     replicated = False    # optimizer state is per rank by design
@@ -60,42 +67,56 @@ class DeltaUpdates:
 
     def __init__(self, engine, read_params: Optional[Callable[[], Any]] = None,
                  write_params: Optional[Callable[[Any], None]] = None,
-                 read_params_into: Optional[Callable[[Any], None]] = None, **_):
+                 read_params_into: Optional[Callable[[Any], None]] = None,
+                 add_params_into: Optional[Callable[[Any, float], None]] = None,
+                 add_to_params: Optional[Callable[[Any, float], None]] = None, **_):
         if (read_params is None and read_params_into is None) or write_params is None:
             raise TypeError("delta policies need read_params (or read_params_into) and write_params")
         b = engine.buffers
         self.engine, self.write_params = engine, write_params
-        # The weights into a buffer of ours: straight from the parameters where the frontend can (no flat scratch
-        # copy of the model), else through read_params().
+        # The frontend's in-place access to its parameters where it has it (torch: no flat copy of the model), else
+        # through read_params() / write_params() (a flat copy per call).
         self.read_params_into = read_params_into or (lambda buf: b.copy_(buf, read_params()))
+        self.add_params_into = add_params_into or (lambda dst, alpha: b.add_(dst, read_params(), alpha))
+        self.add_to_params = add_to_params or self._add_to_params_by_copy
+        self._scratch = None   # _add_to_params_by_copy's
         self.global_model = b.zeros(engine.numel)     # W, identical on every rank at start
         self.read_params_into(self.global_model)
-        self.last_upload = b.clone(self.global_model)
-        self.prev_upload = b.clone(self.global_model)  # last_upload - prev_upload: the latest upload's delta
+        self.base = b.clone(self.global_model)        # what the next delta is measured from
+        self._base_behind = False                      # an upload was made since base last moved
         self.published = b.clone(self.global_model)   # W as of the last downloadable tick
         self.published_applied = 0                    # updates inside `published`
 
-    def push_function(self, accumulate=None) -> Callable[[Any, float], None]:
-        """The delta since the last upload (or download): the weights now (read into the older upload buffer,
-        which becomes last_upload) - the previous last upload (now prev_upload)."""
+    def _add_to_params_by_copy(self, src, alpha: float):
+        """add_to_params for a frontend without in-place access: through a flat scratch copy (made once)."""
         b = self.engine.buffers
-        self.last_upload, self.prev_upload = self.prev_upload, self.last_upload
-        self.read_params_into(self.last_upload)
-        last, prev = self.last_upload, self.prev_upload
+        if self._scratch is None:
+            self._scratch = b.zeros(self.engine.numel)
+        self.read_params_into(self._scratch)
+        b.add_(self._scratch, src, alpha)
+        self.write_params(self._scratch)
+
+    def push_function(self, accumulate=None) -> Callable[[Any, float], None]:
+        """The delta since the last upload (or download): weights - base, read from the parameters."""
+        b, base = self.engine.buffers, self.base
 
         def add_delta(dst, alpha):
-            b.add_(dst, last, alpha)
-            b.add_(dst, prev, -alpha)
+            self.add_params_into(dst, alpha)
+            b.add_(dst, base, -alpha)
         return add_delta
 
     def pushed(self):
+        self._base_behind = True
         self.engine.applied_at_read += 1   # the rank's own copy holds this delta already (see staleness.py)
 
     def apply(self, update, count: int):
         self.engine.buffers.add_(self.global_model, update, 1.0 / self.engine.size)
 
     def proceeding(self):
-        pass
+        """The step ends: the next delta is measured from the weights just uploaded (unless a download moved base)."""
+        if self._base_behind:
+            self.read_params_into(self.base)
+            self._base_behind = False
 
     def publish(self):
         """The current global model becomes the one downloads see (the policy decides when)."""
@@ -106,18 +127,22 @@ class DeltaUpdates:
 
     def download(self, keep_latest: bool = False):
         """Replace this rank's weights by the last published global model (time counted as computation).
-        keep_latest: this rank's latest upload is not in that model yet (it is still on its way into W): keep it
-        in the weights, which then are the published model + that delta, instead of undoing the rank's own last
-        step until a later download brings it back."""
+        keep_latest: this rank's latest upload (made in this step: the weights are still the uploaded ones) is not in
+        that model yet (it is still on its way into W): keep it in the weights, which then are the published model
+        + that delta (weights - base), instead of undoing the rank's own last step until a later download brings it
+        back."""
         e, b = self.engine, self.engine.buffers
         t0 = time.perf_counter()
         if keep_latest:
-            b.add_(self.last_upload, self.prev_upload, -1.0)    # the latest delta ...
-            b.add_(self.last_upload, self.published, 1.0)       # ... on the published model
+            if not self._base_behind:
+                raise RuntimeError("download(keep_latest=True) without an upload since base last moved")
+            b.add_(self.base, self.published, -1.0)      # base - published ...
+            self.add_to_params(self.base, -1.0)          # ... off the weights: published + (weights - base)
+            self.read_params_into(self.base)
         else:
-            b.copy_(self.last_upload, self.published)
-        b.copy_(self.prev_upload, self.published)
-        self.write_params(self.last_upload)
+            self.write_params(self.published)
+            b.copy_(self.base, self.published)
+        self._base_behind = False
         e.applied_at_read = self.published_applied + int(keep_latest)
         e.telemetry.count("downloads")
         if keep_latest:

@@ -168,6 +168,16 @@ class FlatParams:
         with torch.no_grad():
             torch._foreach_copy_(self.params, self.views(w))
 
+    def add_weights_into(self, dst: torch.Tensor, alpha: float):
+        """dst += alpha x the weights (a flat buffer of the engine's), read from the parameters themselves."""
+        with torch.no_grad():
+            torch._foreach_add_(self.views(dst), [p.detach() for p in self.params], alpha=alpha)
+
+    def add_to_weights(self, src: torch.Tensor, alpha: float):
+        """The weights += alpha x src (a flat buffer), in place in the parameters."""
+        with torch.no_grad():
+            torch._foreach_add_(self.params, self.views(src), alpha=alpha)
+
     # ---- numpy (lbbsp's exchange buffer) --------------------------------------------------------------------------
     def gradients(self) -> np.ndarray:
         out = np.zeros(self.numel, self.dtype)

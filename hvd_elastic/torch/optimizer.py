@@ -243,7 +243,8 @@ def _build_relaxed(optimizer, session: Session, names, backward_passes_per_step:
     session.engine = SyncEngine(policy, session.rank, session.size, flat.numel, flat.buffers, _allreduce_sum,
                                 session.telemetry, tick_s=session.cfg.tick_ms / 1000.0, epoch_ns=epoch_ns,
                                 apply_gradient=apply_gradient, read_params=flat.weights, write_params=flat.set_weights,
-                                read_params_into=flat.weights_into,
+                                read_params_into=flat.weights_into, add_params_into=flat.add_weights_into,
+                                add_to_params=flat.add_to_weights,
                                 sample_params=flat.sample_weights,
                                 tick_name=f"hvd_elastic.torch.tick.{engine_id}",
                                 stream=session.cfg.push_at_backward and backward_passes_per_step == 1)

@@ -182,10 +182,12 @@ KNOBS = (
          "Relaxed gradient policies: scale each gradient by its predicted staleness before it is pushed; inverse: "
          "min(1, n / staleness) (Zhang et al. 2016, lr / staleness), none: unscaled.",
          ("asp", "ssp", "dssp", "zipline", "wbsp")),
-    Knob("momentum_per", "round", _choice(("round", "tick")), "round|tick",
-         "Relaxed gradient policies, PyTorch optimizers with a momentum setting (SGD, RMSprop): a tick carrying k "
-         "of the n ranks' gradients advances momentum by momentum^(k/n) (round: once per n gradients, as under "
-         "Horovod) or by a whole step (tick). Keras/TF: always per tick.", ("asp", "ssp", "dssp", "zipline")),
+    Knob("momentum_per", "round", _choice(("round", "share", "tick")), "round|share|tick",
+         "Relaxed gradient policies, PyTorch optimizers with a momentum setting: round: once per n gradients, as "
+         "under Horovod -- SGD: the tick in which a round starts takes SGD's step, a tick continuing the round adds "
+         "its gradient without decaying the momentum (a split round is exactly one SGD step); other optimizers "
+         "(RMSprop): as share; share: a tick carrying k of the n gradients runs the step with momentum^(k/n); "
+         "tick: a whole step per tick. Keras/TF: always per tick.", ("asp", "ssp", "dssp", "zipline")),
     Knob("emulate_delay", {}, _per_rank(0.0), "'*:SECONDS,RANK:SECONDS,...' with SECONDS >= 0",
          "Emulated straggler: extra sleep per step, for every rank (*) and/or named ranks."),
     Knob("emulate_slowdown", {}, _per_rank(1.0), "'*:FACTOR,RANK:FACTOR,...' with FACTOR >= 1",

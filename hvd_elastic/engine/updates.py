@@ -38,7 +38,8 @@ class GradientUpdates:
 
     def apply(self, update, count: int):
         """One optimizer step with the tick's summed gradients (`count` of them) / n; ``share`` = count / n is the
-        part of a round the tick carries (the frontend advances momentum by that much: HVD_ELASTIC_MOMENTUM_PER)."""
+        part of a round the tick carries, from which the frontend's momentum rule (HVD_ELASTIC_MOMENTUM_PER) knows
+        where rounds start."""
         n = self.engine.size
         self.apply_gradient(update, 1.0 / n, count / n)
 

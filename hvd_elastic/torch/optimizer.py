@@ -236,19 +236,22 @@ class RoundSgd:
 
     @torch.no_grad()
     def _continue_round(self):
+        """v += (1 - dampening) g and weights -= lr (1 - dampening) g per group, g = the gradient (+ weight decay),
+        in fused foreach ops (momentum 0: weights -= lr g, SGD's own step)."""
         for group in self.optimizer.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
             lr, wd, m, damp = float(group["lr"]), group["weight_decay"], group["momentum"], group["dampening"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = -p.grad if group.get("maximize") else p.grad
-                if wd:
-                    g = g.add(p, alpha=wd)
-                if m:
-                    self.optimizer.state[p]["momentum_buffer"].add_(g, alpha=1.0 - damp)
-                    p.add_(g, alpha=-lr * (1.0 - damp))
-                else:
-                    p.add_(g, alpha=-lr)
+            sign = -1.0 if group.get("maximize") else 1.0
+            grads = [p.grad for p in params]
+            if wd:
+                grads = torch._foreach_add(grads, params, alpha=sign * wd)   # sign x (sign g + wd w): one sign below
+            keep = (1.0 - damp) if m else 1.0
+            if m:
+                torch._foreach_add_([self.optimizer.state[p]["momentum_buffer"] for p in params], grads,
+                                    alpha=sign * keep)
+            torch._foreach_add_(params, grads, alpha=-lr * sign * keep)
 
 
 def step_with_momentum_share(optimizer, step: Callable[[], Any], share: float):

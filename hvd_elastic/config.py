@@ -21,7 +21,7 @@ from .errors import ConfigError, install_excepthook
 
 PREFIX = "HVD_ELASTIC_"
 POLICIES = ("bsp", "asp", "ssp", "dssp", "zipline", "lbbsp", "wbsp")
-PREDICTORS = ("last", "ewma", "arx")
+PREDICTORS = ("last", "median", "ewma", "arx")
 LBBSP_MODES = ("cpu", "gpu")
 # Variables with the prefix that configure tooling (ci/bootstrap.sh), not a run; accepted and ignored here.
 TOOLING_VARIABLES = ("CACHE", "VENV")
@@ -139,7 +139,8 @@ KNOBS = (
     Knob("lookahead", 15, _int(1), "integer >= 1",
          "zipline: lookahead R, the most iterations between two barriers; 1 is bsp.", ("zipline",)),
     Knob("predictor", "last", _choice(PREDICTORS), "|".join(PREDICTORS),
-         "Iteration-time predictor used by zipline, dssp and lbbsp.", ("zipline", "dssp", "lbbsp")),
+         "Iteration-time predictor of zipline's barriers, dssp's credits and lbbsp's sizes: last (the papers' latest "
+         "interval), median (of the newest 8), ewma, arx.", ("zipline", "dssp", "lbbsp")),
     Knob("lbbsp_mode", "cpu", _choice(LBBSP_MODES), "|".join(LBBSP_MODES),
          "lbbsp: cpu (sizes proportional to throughput) or gpu (step moves with memory caps).", ("lbbsp",)),
     Knob("lbbsp_tolerance", 0.05, _float(0.0, below=1.0), "number in [0, 1)",

@@ -30,6 +30,7 @@ import numpy as np
 from . import _native
 from .engine.ticker import META_PIECES, decode_meta, encode_meta
 from .errors import ConfigError, HvdElasticError
+from .predictors import predict_interval
 
 _META = 3                      # columns of the metadata table: step time (ns), samples, first step of a pass
 _LAGGED = _META + 1            # the overlapped step's table: the previous step's _META columns + this step's samples
@@ -181,14 +182,6 @@ class LbbspController:
     def local_batch(self) -> int:
         return self.drawn if self.drawn is not None else self.sizes[self.rank]
 
-    def _predict(self, history: List[int]) -> int:
-        p = self.cfg.predictor
-        if p == "ewma":
-            return _native.predict_ewma_interval(history)
-        if p == "arx":
-            return _native.predict_arx_interval(history)
-        return _native.predict_last_interval(history)
-
     def update(self, meta: np.ndarray, mine_ns: Optional[int] = None):
         """One iteration boundary: meta[p] = (step ns, samples, pass start) of every rank; decide the next sizes
         (from the table only, so every rank decides the same). `mine_ns`: this rank's step time for its telemetry
@@ -212,7 +205,7 @@ class LbbspController:
                 h = self.history[p]
                 h.append(max(1, int(step_ns[p] // max(int(samples[p]), 1))))
                 del h[:-HISTORY]
-            throughput = [1e9 / max(self._predict(h), 1) for h in self.history]
+            throughput = [1e9 / max(predict_interval(self.cfg.predictor, h), 1) for h in self.history]
             new = list(_native.lbbsp_resize_cpu(throughput, self.sizes, self.batch_size, self.caps,
                                                 self.cfg.lbbsp_tolerance))
         self.steps += 1

@@ -10,6 +10,7 @@ on_proceed(clock); finish() at the end.
 """
 from __future__ import annotations
 
+import collections
 import math
 import time
 import zlib
@@ -18,6 +19,7 @@ from typing import Dict, Optional, Type
 import numpy as np
 
 from .. import _native
+from ..predictors import predict_interval
 from .ticker import COUNT
 from .updates import DeltaUpdates, GradientUpdates
 
@@ -41,6 +43,7 @@ class Policy:
 
     def attach(self, engine):
         self.engine = engine
+        self._no_origin = np.zeros(engine.size, np.int64)
 
     @property
     def rank(self):
@@ -110,11 +113,19 @@ class Policy:
             self._peer_clock, self._peer_deadline = clock, now + limit * mine / 1e9
         if now >= self._peer_deadline:
             return False
+        origin = self.clock_origin()
+        mine_ran = clock - int(origin[self.rank])
         for q in range(view.size):
-            if q != self.rank and not view.finished[q] and int(view.clocks[q]) < clock \
+            if q != self.rank and not view.finished[q] and int(view.clocks[q] - origin[q]) < mine_ran \
                     and 0 < view.interval_ns[q] <= self.PEER_SPEED * mine:
                 return True
         return False
+
+    def clock_origin(self):
+        """Per rank, the clock from which peer alignment counts its steps: 0 (clocks compared as they are), or
+        where the policy's rule last lined the ranks up in time (zipline's barrier, at which ranks may stand at
+        different clocks: there a peer "behind" is one that has run fewer steps since)."""
+        return self._no_origin
 
     def on_proceed(self, clock: int):
         gap = self.own_gap(clock)
@@ -148,15 +159,39 @@ def server_clocks(view, rank: int, own_clock: int):
     return clocks
 
 
-def observed_clocks(view, rank: int, own_clock: int, own_last_ns: int, own_interval_ns: int):
-    """A native WorkerClocks of n + 1 entries built from the tick stream, laid out as server_clocks()."""
+def observed_clocks(view, rank: int, own_clock: int, own_last_ns: int, intervals, own_interval_ns: int):
+    """A native WorkerClocks of n + 1 entries built from the tick stream, laid out as server_clocks(), with each
+    rank's predicted interval (``intervals``; this rank's own entry ``own_interval_ns``)."""
     n = view.size
     clocks = server_clocks(view, rank, own_clock)
     wc = _native.WorkerClocks(n + 1)
     for q in range(n):
-        wc.observe(q, clocks[q], int(view.last_push_ns[q]), int(view.interval_ns[q]))
+        wc.observe(q, clocks[q], int(view.last_push_ns[q]), int(intervals[q]))
     wc.observe(n, clocks[n], int(own_last_ns), int(own_interval_ns))
     return wc
+
+
+class Intervals:
+    """Each rank's recent iteration times as the tick stream delivers them (identical on every rank), and their
+    prediction by HVD_ELASTIC_PREDICTOR (predictors.py): the intervals the timing rules (zipline's barrier, dssp's
+    credits) predict from. -1 for a rank not measured yet."""
+
+    HISTORY = 16
+
+    def __init__(self, n: int, predictor: str):
+        self.predictor = predictor
+        self.clocks = _native.WorkerClocks(n, history=self.HISTORY)
+
+    def observe(self, view):
+        for q in range(view.size):
+            self.clocks.observe(q, int(view.clocks[q]), int(view.last_push_ns[q]), int(view.interval_ns[q]))
+
+    def predict(self, q: int) -> int:
+        h = self.clocks.intervals(q)
+        return predict_interval(self.predictor, h) if h else -1
+
+    def predicted(self):
+        return [self.predict(q) for q in range(self.clocks.size)]
 
 
 class Ssp(Policy):
@@ -180,12 +215,20 @@ class Dssp(Policy):
         # One state of n + 1 entries (see server_clocks); only this rank's entry (n) is ever asked about.
         self.state = _native.DsspState(engine.size + 1, self.cfg.dssp_lower, self.cfg.dssp_upper)
         self.admitted: Optional[bool] = None
+        self.intervals = Intervals(engine.size, self.cfg.predictor)
+        self.own_history = collections.deque(maxlen=Intervals.HISTORY)   # this rank's, ahead of the ticks
 
     def _clocks(self, clock):
         t = self.engine.ticker
-        return observed_clocks(self.engine.view, self.rank, clock, t.last_push_ns, t.interval_ns)
+        own = predict_interval(self.cfg.predictor, list(self.own_history)) if self.own_history else t.interval_ns
+        return observed_clocks(self.engine.view, self.rank, clock, t.last_push_ns, self.intervals.predicted(), own)
+
+    def on_tick(self, tick, view):
+        self.intervals.observe(view)
 
     def on_push(self, clock: int):
+        if self.engine.ticker.interval_ns >= 0:
+            self.own_history.append(self.engine.ticker.interval_ns)
         self.admitted = None    # decided at the first gate check after this push (the engine's, before it pulls)
 
     def may_proceed(self, clock: int) -> bool:
@@ -225,19 +268,21 @@ class Zipline(Policy):
         self.max_superstep = 0
         self.spreads_ns = []
         self.digest = 0
+        self.intervals = Intervals(n, self.cfg.predictor)
 
     def on_tick(self, tick, view):
+        self.intervals.observe(view)
         if view.finished.any():
             # A rank that finished pushes nothing more: no barrier can include it; the final barrier (finish) ends
             # the last superstep instead.
             return
         if self.targets is None:
             ran = view.clocks - self.start
-            if (ran >= 1).all() and (view.interval_ns >= 0).all():
+            intervals = self.intervals.predicted() if (ran >= 1).all() else [-1]
+            if min(intervals) >= 0:
                 lookahead = int(self.R - ran.max())
                 if lookahead >= 1:
-                    b = _native.zipline_barrier_from_intervals(view.last_push_ns.tolist(), view.interval_ns.tolist(),
-                                                               lookahead)
+                    b = _native.zipline_barrier_from_intervals(view.last_push_ns.tolist(), intervals, lookahead)
                     self.targets = view.clocks + np.asarray(b.iterations, np.int64)
                     self.spreads_ns.append(int(b.spread_ns))
                 else:   # no room left for a prediction (always so with R = 1, which is BSP): stop here
@@ -253,6 +298,9 @@ class Zipline(Policy):
             # a 30M model then hashes 4 MB, read without a flat copy of the model where the frontend can.
             k = max(1, -(-self.engine.numel // self.DIGEST_WORDS))
             self.digest = zlib.crc32(np.ascontiguousarray(self.engine.sample_params(k)), self.digest)
+
+    def clock_origin(self):
+        return self.start   # steps since the last barrier: every rank left it at the same moment
 
     def may_proceed(self, clock: int) -> bool:
         if self.engine.view.finished.any():   # the job is ending: run free, the final barrier will follow

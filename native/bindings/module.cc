@@ -188,6 +188,8 @@ PYBIND11_MODULE(_native, m) {
   // ---- Predictors --------------------------------------------------------------------------------------------------
   m.def("predict_last_interval", &predict_last_interval, py::arg("history"),
         "The papers' rule: the next interval is the latest one (history: intervals in ns, oldest first, >= 0).");
+  m.def("predict_median_interval", &predict_median_interval, py::arg("history"), py::arg("window") = 8,
+        "Median of the newest `window` intervals (lower middle for an even count), window >= 1.");
   m.def("predict_ewma_interval", &predict_ewma_interval, py::arg("history"), py::arg("alpha") = 0.3,
         "Exponentially weighted mean of the intervals: m = alpha * h_i + (1 - alpha) * m, alpha in (0, 1].");
   m.def(

@@ -61,6 +61,18 @@ int64_t predict_last_interval(const std::vector<int64_t>& history) {
   return history.back();  // I_p (algorithms.md, ElasticBSP / DSSP)
 }
 
+int64_t predict_median_interval(const std::vector<int64_t>& history, int window) {
+  const char* where = "predict_median_interval";
+  HVD_REQUIRE(window >= 1, where, "window must be >= 1, got " + std::to_string(window));
+  check_history(history, where);
+  // The lower middle of the newest `window` intervals: one descheduled or interrupted iteration moves it by at
+  // most one rank in the order, where it moves the last interval (and an EWMA) by its whole excess.
+  const size_t k = std::min(history.size(), static_cast<size_t>(window));
+  std::vector<int64_t> v(history.end() - static_cast<std::ptrdiff_t>(k), history.end());
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>((k - 1) / 2), v.end());
+  return v[(k - 1) / 2];
+}
+
 int64_t predict_ewma_interval(const std::vector<int64_t>& history, double alpha) {
   const char* where = "predict_ewma_interval";
   HVD_REQUIRE(std::isfinite(alpha) && alpha > 0.0 && alpha <= 1.0, where,

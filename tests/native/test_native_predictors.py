@@ -1,4 +1,5 @@
-"""Iteration-interval predictors: last interval (the papers' I_p), EWMA, and the windowed least-squares ARX model."""
+"""Iteration-interval predictors: last interval (the papers' I_p), windowed median, EWMA, and the windowed
+least-squares ARX model."""
 import math
 
 import numpy as np
@@ -27,6 +28,18 @@ def test_ewma_matches_its_recurrence(h, alpha):
 
 def test_ewma_with_alpha_one_is_the_last_interval():
     assert N.predict_ewma_interval([5, 9, 7], 1.0) == 7
+
+
+@given(histories, st.integers(1, 20))
+def test_median_is_the_lower_middle_of_the_newest_window(h, window):
+    newest = sorted(h[-window:])
+    assert N.predict_median_interval(h, window) == newest[(len(newest) - 1) // 2]
+
+
+def test_median_ignores_one_outlier_that_moves_the_last_interval_and_the_ewma():
+    h = [24_000_000] * 7 + [36_000_000]     # one interrupted iteration
+    assert N.predict_median_interval(h) == 24_000_000
+    assert N.predict_last_interval(h) == 36_000_000 and N.predict_ewma_interval(h, 0.3) > 27_000_000
 
 
 @settings(max_examples=200, deadline=None)
@@ -97,6 +110,8 @@ def test_predictors_are_deterministic():
         (lambda: N.predict_last_interval([]), "must not be empty"),
         (lambda: N.predict_last_interval([5, -1]), ">= 0"),
         (lambda: N.predict_ewma_interval([], 0.3), "must not be empty"),
+        (lambda: N.predict_median_interval([]), "must not be empty"),
+        (lambda: N.predict_median_interval([1, 2], 0), "window"),
         (lambda: N.predict_ewma_interval([1], math.nan), "alpha"),
         (lambda: N.predict_ewma_interval([1], 0.0), "alpha"),
         (lambda: N.predict_ewma_interval([1], 1.5), "alpha"),
@@ -115,3 +130,36 @@ def test_predictors_are_deterministic():
 def test_bad_predictor_inputs_raise_value_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("predictor", ["last", "median", "ewma", "arx"])
+def test_policies_predict_from_the_tick_stream_with_the_configured_predictor(predictor):
+    # zipline's barrier and dssp's credits read each rank's intervals through engine.policies.Intervals: the history
+    # the ticks deliver (a new entry per new clock only), predicted by HVD_ELASTIC_PREDICTOR.
+    from hvd_elastic.engine.policies import Intervals
+    from hvd_elastic.engine.view import GlobalView
+    from hvd_elastic.predictors import predict_interval
+
+    rng = np.random.default_rng(3)
+    view, intervals = GlobalView(2), Intervals(2, predictor)
+    assert intervals.predicted() == [-1, -1]
+    history = [[], []]
+    for tick in range(30):
+        for q in range(2):
+            if rng.random() < 0.6:          # rank q pushed in this tick
+                view.clocks[q] += 1
+                view.interval_ns[q] = int(rng.integers(20e6, 40e6))
+                history[q].append(int(view.interval_ns[q]))
+        intervals.observe(view)             # the same view again (a tick without a push) adds nothing
+        intervals.observe(view)
+    for q in range(2):
+        kept = history[q][-Intervals.HISTORY:]
+        assert intervals.predict(q) == predict_interval(predictor, kept)
+    if predictor == "median":
+        assert intervals.predict(0) == sorted(history[0][-8:])[3]
+
+
+def test_unknown_predictor_names_the_setting():
+    from hvd_elastic.predictors import predict_interval
+    with pytest.raises(ValueError, match="HVD_ELASTIC_PREDICTOR='oracle'"):
+        predict_interval("oracle", [1])

@@ -11,6 +11,9 @@ namespace hvd_elastic {
 // The papers' rule: the next interval equals the latest one, I_p.
 int64_t predict_last_interval(const std::vector<int64_t>& history);
 
+// Median of the newest `window` intervals (the lower middle for an even count): robust to a single outlier.
+int64_t predict_median_interval(const std::vector<int64_t>& history, int window);
+
 // Exponentially weighted mean: m_1 = h_1, m_i = alpha * h_i + (1 - alpha) * m_{i-1}; alpha in (0, 1].
 int64_t predict_ewma_interval(const std::vector<int64_t>& history, double alpha);
 

@@ -81,3 +81,6 @@ def test_release_holds_for_a_peer_due_within_the_window_and_never_for_a_straggle
     slower = dict(base, PERIOD_NS=[50 * ms, 100 * ms])
     assert release(_table(slower))
     assert not release(_table(dict(slower, LEAD_NS=[0, 40 * ms])))
+    # a rank held at its gate (a barrier, a staleness bound) pushes only after a tick opens it: never waited for
+    assert release(_table(dict(base, GATED=[0, 1])))
+    assert not release(_table(dict(base, GATED=[0, 0])))

@@ -151,6 +151,7 @@ class SyncEngine:
         while True:
             t0, busy0 = time.perf_counter(), self.busy_s
             reason = self.policy.blocked_by(self.ticker.clock)
+            self.ticker.gated = reason == "wait"    # no push of this rank before a tick opens the gate
             if reason is None:
                 return
             _watchdog.enter(f"the {self.policy.name} gate")

@@ -60,9 +60,12 @@ def test_quick_benchmark_writes_results_plots_and_table(tmp_path):
         assert [p[1] for p in run["curve"]] == sorted(p[1] for p in run["curve"]), run["curve"]   # steps never go back
         assert 0.1 < r["final_accuracy"] <= 1.0          # 64 steps: above chance (0.1), not trained
         assert run["report"]["size"] == 4
-    # the straggler (rank 3, 3x slower) takes fewer local steps than a fast rank when nobody waits for it (asp)
+    # the straggler (rank 3, 3x slower) never takes more local steps than a fast rank. That fast ranks run ahead of
+    # it is asserted by test_relaxed_policies.py (10x straggler, 1200 steps): in this 64-step job a fast rank's step
+    # is bounded by its tick's round trip, near the straggler's pace on a slow 2-core machine (twelfth session's
+    # machine: [16, 16, 16, 16] once)
     asp = rows[1]
-    assert asp["local_steps"][3] < asp["local_steps"][0], asp["local_steps"]
+    assert asp["local_steps"][3] <= asp["local_steps"][0], asp["local_steps"]
     # plain Horovod is lock-step: every rank the same number of steps
     assert len(set(rows[0]["local_steps"])) == 1, rows[0]["local_steps"]
     with open(out / "results.csv") as f:

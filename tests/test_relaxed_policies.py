@@ -101,8 +101,11 @@ def test_asp_never_waits_and_fast_ranks_run_ahead(launcher, tmp_path):
     # (fast ranks measured 12-15% under a loaded mpirun at 0.25). Waiting for the 10x slower straggler would be ~90%.
     assert all(rep["wait_share"] < 0.34 for rep in reports), [rep["wait_share"] for rep in reports]
     if launcher == "mpirun":
+        # Lock-step (bsp) would give 1.0x; a fast rank's step is bounded by its tick's round trip (max in flight 0),
+        # not by the straggler. Measured fast / straggler steps: 2.2-3x on the sessions' first machine, 1.66-1.92x in
+        # half the runs on the twelfth session's slower one (the same with the eleventh session's code), hence 1.5x.
         fast_steps = [rep["steps"] for rep in reports[:3]]
-        assert min(fast_steps) > 2 * reports[3]["steps"], [rep["steps"] for rep in reports]
+        assert min(fast_steps) > 1.5 * reports[3]["steps"], [rep["steps"] for rep in reports]
 
 
 def test_ssp_gap_never_exceeds_staleness(tmp_path):

@@ -178,9 +178,9 @@ class Intervals:
 
     HISTORY = 16
 
-    def __init__(self, n: int, predictor: str):
+    def __init__(self, n: int, predictor: str, history: int = HISTORY):
         self.predictor = predictor
-        self.clocks = _native.WorkerClocks(n, history=self.HISTORY)
+        self.clocks = _native.WorkerClocks(n, history=history)
 
     def observe(self, view):
         for q in range(view.size):
@@ -216,19 +216,23 @@ class Dssp(Policy):
         self.state = _native.DsspState(engine.size + 1, self.cfg.dssp_lower, self.cfg.dssp_upper)
         self.admitted: Optional[bool] = None
         self.intervals = Intervals(engine.size, self.cfg.predictor)
+        self.peers_predicted = [-1] * engine.size   # intervals.predicted(), refreshed once per tick
         self.own_history = collections.deque(maxlen=Intervals.HISTORY)   # this rank's, ahead of the ticks
+        self.own_predicted = -1                     # its prediction, refreshed once per push
 
     def _clocks(self, clock):
         t = self.engine.ticker
-        own = predict_interval(self.cfg.predictor, list(self.own_history)) if self.own_history else t.interval_ns
-        return observed_clocks(self.engine.view, self.rank, clock, t.last_push_ns, self.intervals.predicted(), own)
+        own = self.own_predicted if self.own_history else t.interval_ns
+        return observed_clocks(self.engine.view, self.rank, clock, t.last_push_ns, self.peers_predicted, own)
 
     def on_tick(self, tick, view):
         self.intervals.observe(view)
+        self.peers_predicted = self.intervals.predicted()
 
     def on_push(self, clock: int):
         if self.engine.ticker.interval_ns >= 0:
             self.own_history.append(self.engine.ticker.interval_ns)
+            self.own_predicted = predict_interval(self.cfg.predictor, list(self.own_history))
         self.admitted = None    # decided at the first gate check after this push (the engine's, before it pulls)
 
     def may_proceed(self, clock: int) -> bool:
@@ -342,7 +346,7 @@ class Wbsp(Policy):
         super().attach(engine)
         n = engine.size
         self.state = _native.WbspState(n)
-        self.clocks = _native.WorkerClocks(n, history=self.SLOWEST_HISTORY)   # fed from the tick stream
+        self.intervals = Intervals(n, self.cfg.predictor, history=self.SLOWEST_HISTORY)   # fed from the tick stream
         self.slowest = -1
         self.publishes = 0
         self.published_clocks = np.zeros(n, np.int64)    # uploads of each rank inside the published model
@@ -353,11 +357,10 @@ class Wbsp(Policy):
         uploaded = [q for q in range(view.size) if tick.meta[q, COUNT] > 0]
         for q in uploaded:
             self.state.on_upload(q)
-        for q in range(view.size):
-            self.clocks.observe(q, int(view.clocks[q]), int(view.last_push_ns[q]), int(view.interval_ns[q]))
+        self.intervals.observe(view)
         # While any rank's iteration time is unmeasured nobody can be named slowest: -1 makes the gate wait for
         # every rank's upload (a safe, BSP-like start).
-        self.slowest = self.clocks.slowest_by_median_interval() if (view.interval_ns >= 0).all() else -1
+        self.slowest = self.intervals.clocks.slowest_by_median_interval() if (view.interval_ns >= 0).all() else -1
         fresh = (view.clocks[self.slowest] > self.published_clocks[self.slowest]) if self.slowest >= 0 \
             else bool(uploaded)
         if fresh:

@@ -132,16 +132,20 @@ def test_bad_predictor_inputs_raise_value_error(call, message):
         call()
 
 
+@pytest.mark.parametrize("history_len", [None, 8])
 @pytest.mark.parametrize("predictor", ["last", "median", "ewma", "arx"])
-def test_policies_predict_from_the_tick_stream_with_the_configured_predictor(predictor):
+def test_policies_predict_from_the_tick_stream_with_the_configured_predictor(predictor, history_len):
     # zipline's barrier and dssp's credits read each rank's intervals through engine.policies.Intervals: the history
-    # the ticks deliver (a new entry per new clock only), predicted by HVD_ELASTIC_PREDICTOR.
+    # the ticks deliver (a new entry per new clock only), predicted by HVD_ELASTIC_PREDICTOR; wbsp's slowest-rank
+    # estimate reads a shorter history (8) through the same class.
     from hvd_elastic.engine.policies import Intervals
     from hvd_elastic.engine.view import GlobalView
     from hvd_elastic.predictors import predict_interval
 
     rng = np.random.default_rng(3)
-    view, intervals = GlobalView(2), Intervals(2, predictor)
+    kept_len = history_len or Intervals.HISTORY
+    view = GlobalView(2)
+    intervals = Intervals(2, predictor) if history_len is None else Intervals(2, predictor, history=history_len)
     assert intervals.predicted() == [-1, -1]
     history = [[], []]
     for tick in range(30):
@@ -153,7 +157,8 @@ def test_policies_predict_from_the_tick_stream_with_the_configured_predictor(pre
         intervals.observe(view)             # the same view again (a tick without a push) adds nothing
         intervals.observe(view)
     for q in range(2):
-        kept = history[q][-Intervals.HISTORY:]
+        kept = history[q][-kept_len:]
+        assert intervals.clocks.intervals(q) == kept
         assert intervals.predict(q) == predict_interval(predictor, kept)
     if predictor == "median":
         assert intervals.predict(0) == sorted(history[0][-8:])[3]

@@ -19,6 +19,11 @@ POLICIES = {"asp": {"HVD_ELASTIC_POLICY": "asp"},
             "dssp": {"HVD_ELASTIC_POLICY": "dssp"},
             "zipline": {"HVD_ELASTIC_POLICY": "zipline", "HVD_ELASTIC_LOOKAHEAD": "15"},
             "wbsp": {"HVD_ELASTIC_POLICY": "wbsp", "HVD_ELASTIC_WBSP_OVERLAP": "1"}}
+# The accuracy judged is the median of the last three test evaluations (every EVAL_EVERY steps of rank 0, and the
+# final model): the last points of every curve here oscillate, plain Horovod's too (seeds 5 and 6: 0.737 -> 0.687,
+# 0.768 -> 0.700 in the last 50 steps), and under dssp one final point in about ten fell to 0.34 from 0.75 (CI, and
+# 1 in 18 runs here) while the curve before it had learned; a diverged run stays low at every point.
+EVAL_EVERY = 50
 FLOOR = 0.45          # measured after 2000 gradients at lr 0.025 x 4: 0.70-0.78; a diverged run ends near 0.1-0.3
 # Mean staleness, in updates. Gradient policies: 2.5 (measured 1.5; the old defaults gave about n = 4 and more, and
 # the p90 is not a stable measure here: a tenth of the updates are the straggler's, each ~9 stale). wbsp: a delta is
@@ -36,7 +41,8 @@ def data(tmp_path_factory):
 
 
 def _run(env, tmp_path, data):
-    res = launch("mpirun", 4, "tests/workers/headroom_train.py", [tmp_path, "--data", data], env=env, timeout=240)
+    res = launch("mpirun", 4, "tests/workers/headroom_train.py", [tmp_path, "--data", data, "--eval-every", EVAL_EVERY],
+                 env=env, timeout=240)
     assert res.returncode == 0 and not res.timed_out, res.output[-4000:]
     return [json.load(open(os.path.join(tmp_path, f"rank{r}.json"))) for r in range(4)]
 
@@ -51,7 +57,8 @@ def test_staleness_stays_bounded_and_the_model_learns(policy, tmp_path, data):
     assert len({r["weights_sha256"] for r in ranks}) == 1                                      # one model
     st = report["staleness"]
     assert st["updates"] == pushed and st["mean"] <= BOUND[policy], st
-    assert ranks[0]["accuracy"] >= FLOOR, (policy, ranks[0]["accuracy"], st)
+    curve = ranks[0]["curve"] + [ranks[0]["accuracy"]]
+    assert len(curve) >= 3 and sorted(curve[-3:])[1] >= FLOOR, (policy, curve, st)
 
 
 def test_the_old_defaults_were_staler(tmp_path, data):

@@ -23,11 +23,13 @@ def main():
     ap.add_argument("--data", required=True)
     ap.add_argument("--budget", type=int, default=2000)
     ap.add_argument("--sample-ms", type=float, default=0.3)
+    ap.add_argument("--seed", type=int, default=0, help="model init and data order")
+    ap.add_argument("--eval-every", type=int, default=0, help="rank 0: test accuracy every N local steps (a curve)")
     ap.add_argument("--lr", type=float, default=0.025, help="per-rank learning rate (x ranks, as Horovod scales it)")
     args = ap.parse_args()
     hvd.init()
     torch.set_num_threads(1)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     rank, size = hvd.rank(), hvd.size()
     d = np.load(args.data)
     x_tr, y_tr, x_te, y_te = (torch.from_numpy(d[k]) for k in ("x_tr", "y_tr", "x_te", "y_te"))
@@ -37,8 +39,9 @@ def main():
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     delay = args.sample_ms / 1000 * (3 if rank == size - 1 else 1)
     shard = torch.arange(rank, len(x_tr), size)
-    g = torch.Generator().manual_seed(1000 + rank)
+    g = torch.Generator().manual_seed(1000 * (args.seed + 1) + rank)
     steps = 0
+    curve = []
     while hvde.global_steps(opt) < args.budget:
         for idx in shard[torch.randperm(len(shard), generator=g)].split(32):
             if len(idx) < 32 or hvde.global_steps(opt) >= args.budget:
@@ -48,6 +51,9 @@ def main():
             time.sleep(delay * len(idx))
             opt.step()
             steps += 1
+            if args.eval_every and rank == 0 and steps % args.eval_every == 0:
+                with torch.no_grad():
+                    curve.append(round(float((model(x_te).argmax(1) == y_te).float().mean()), 3))
     report = hvde.finish(opt)
     w = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
     with torch.no_grad():
@@ -56,7 +62,7 @@ def main():
         r["counters"].pop("staleness_trace", None)
     with open(os.path.join(args.out_dir, f"rank{rank}.json"), "w") as f:
         json.dump({"rank": rank, "accuracy": acc, "weights_sha256": hashlib.sha256(w.tobytes()).hexdigest(),
-                   "local_steps": steps, "report": report}, f)
+                   "local_steps": steps, "curve": curve, "report": report}, f)
 
 
 if __name__ == "__main__":

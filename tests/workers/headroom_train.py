@@ -42,6 +42,11 @@ def main():
     g = torch.Generator().manual_seed(1000 * (args.seed + 1) + rank)
     steps = 0
     curve = []
+
+    def test_accuracy():
+        with torch.no_grad():
+            return float((model(x_te).argmax(1) == y_te).float().mean())
+
     while hvde.global_steps(opt) < args.budget:
         for idx in shard[torch.randperm(len(shard), generator=g)].split(32):
             if len(idx) < 32 or hvde.global_steps(opt) >= args.budget:
@@ -52,12 +57,10 @@ def main():
             opt.step()
             steps += 1
             if args.eval_every and rank == 0 and steps % args.eval_every == 0:
-                with torch.no_grad():
-                    curve.append(round(float((model(x_te).argmax(1) == y_te).float().mean()), 3))
+                curve.append(round(test_accuracy(), 3))
     report = hvde.finish(opt)
     w = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
-    with torch.no_grad():
-        acc = float((model(x_te).argmax(1) == y_te).float().mean())
+    acc = test_accuracy()
     for r in report["ranks"]:
         r["counters"].pop("staleness_trace", None)
     with open(os.path.join(args.out_dir, f"rank{rank}.json"), "w") as f:

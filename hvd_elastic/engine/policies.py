@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _native
 from ..predictors import predict_interval
-from .ticker import COUNT
+from .ticker import COUNT, PEER_SPEED
 from .updates import DeltaUpdates, GradientUpdates
 
 
@@ -95,7 +95,7 @@ class Policy:
             return "wait"
         return "wait" if self.updates.align_peers and self.waits_for_peers(clock) else None
 
-    PEER_SPEED = 1.25   # a rank whose step time is within this factor of this rank's is a peer
+    PEER_SPEED = PEER_SPEED   # a rank whose step time is within this factor of this rank's is a peer
 
     def waits_for_peers(self, clock: int) -> bool:
         """Peer alignment (HVD_ELASTIC_PEER_WAIT): after its update is in, a rank waits -- at most that fraction
@@ -174,11 +174,12 @@ def observed_clocks(view, rank: int, own_clock: int, own_last_ns: int, intervals
 class Intervals:
     """Each rank's recent iteration times as the tick stream delivers them (identical on every rank), and their
     prediction by HVD_ELASTIC_PREDICTOR (predictors.py): the intervals the timing rules (zipline's barrier, dssp's
-    credits) predict from. -1 for a rank not measured yet."""
+    credits) predict from. -1 for a rank not measured yet. predictor None: only the kept history is read (wbsp's
+    slowest rank, by median)."""
 
     HISTORY = 16
 
-    def __init__(self, n: int, predictor: str, history: int = HISTORY):
+    def __init__(self, n: int, predictor: Optional[str], history: int = HISTORY):
         self.predictor = predictor
         self.clocks = _native.WorkerClocks(n, history=history)
 
@@ -187,6 +188,8 @@ class Intervals:
             self.clocks.observe(q, int(view.clocks[q]), int(view.last_push_ns[q]), int(view.interval_ns[q]))
 
     def predict(self, q: int) -> int:
+        if self.predictor is None:
+            raise ValueError("Intervals built without a predictor")
         h = self.clocks.intervals(q)
         return predict_interval(self.predictor, h) if h else -1
 
@@ -346,7 +349,7 @@ class Wbsp(Policy):
         super().attach(engine)
         n = engine.size
         self.state = _native.WbspState(n)
-        self.intervals = Intervals(n, self.cfg.predictor, history=self.SLOWEST_HISTORY)   # fed from the tick stream
+        self.intervals = Intervals(n, None, history=self.SLOWEST_HISTORY)   # fed from the tick stream
         self.slowest = -1
         self.publishes = 0
         self.published_clocks = np.zeros(n, np.int64)    # uploads of each rank inside the published model

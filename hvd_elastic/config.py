@@ -165,10 +165,7 @@ KNOBS = (
     Knob("peer_wait", 0.5, _float(0.0), "number >= 0 (fraction of a step; 0: off)",
          "Relaxed gradient policies: after its update is in, a rank waits at most this fraction of its step time "
          "for peers (ranks about as fast as it is) that are behind, so equally fast ranks compute on the same "
-         "weights; slower ranks are never waited for. Also bounds how long a tick holds pending pushes (that "
-         "fraction of the pushers' step) for ranks due to push within it, and how long such a rank's tick thread "
-         "waits for its push before joining a tick, so equally fast ranks share one payload.",
-         ("asp", "ssp", "dssp", "zipline")),
+         "weights; slower ranks are never waited for.", ("asp", "ssp", "dssp", "zipline")),
     Knob("push_at_backward", True, _bool, "0|1",
          "PyTorch, relaxed gradient policies: push a step's gradient as soon as backward has produced all of it "
          "(as Horovod starts its allreduce from backward hooks), so the tick runs while the rank still computes "

@@ -84,38 +84,3 @@ def test_release_holds_for_a_peer_due_within_the_window_and_never_for_a_straggle
     # a rank held at its gate (a barrier, a staleness bound) pushes only after a tick opens it: never waited for
     assert release(_table(dict(base, GATED=[0, 1])))
     assert not release(_table(dict(base, GATED=[0, 0])))
-
-
-def test_a_thread_waits_for_its_own_push_only_within_the_hold_window_and_only_among_peers():
-    from hvd_elastic.engine.ticker import PEER_SPEED, _join_deadline_ns
-    ms = 1_000_000
-    # Four ranks of period 40 ms, step time 30 ms (window 20 ms at hold 0.5); rows' clocks differ by whole seconds
-    # (only differences within a row count). Last pushes at 100 ms (own clocks).
-    base = {"LAST_PUSH_NS": [100 * ms, 1100 * ms, 2100 * ms, 3100 * ms],
-            "NOW_NS": [101 * ms, 1101 * ms, 2101 * ms, 3101 * ms],
-            "PERIOD_NS": [40 * ms] * 4, "INTERVAL_NS": [30 * ms] * 4}
-    meta = _table(base)
-    # rank 0, its own push predicted at 140 ms like its peers': waits until 140 + 20 ms at most
-    assert _join_deadline_ns(meta, 0, 140 * ms, 30 * ms, 0.5) == 160 * ms
-    # ... not when its push is predicted after the window (a descheduled step made it late: join without it)
-    assert _join_deadline_ns(meta, 0, 165 * ms, 30 * ms, 0.5) is None
-    # a peer's push already pending since 130 ms: the window counts from it, as release() holds it
-    held = _table(dict(base, PENDING=[0, 1, 0, 0], PENDING_SINCE_NS=[-1, 1130 * ms, -1, -1]))
-    assert _join_deadline_ns(held, 0, 140 * ms, 30 * ms, 0.5) == 150 * ms
-    # a peer that pushed earlier (predicted at 120 ms) moves the window's end to 140 ms, unless it is held at its
-    # gate (it pushes only after a tick opens it: its prediction does not count)
-    early = dict(base, LAST_PUSH_NS=[100 * ms, 1080 * ms, 2100 * ms, 3100 * ms])
-    assert _join_deadline_ns(_table(early), 0, 140 * ms, 30 * ms, 0.5) == 140 * ms
-    assert _join_deadline_ns(_table(dict(early, GATED=[0, 1, 0, 0])), 0, 140 * ms, 30 * ms, 0.5) == 160 * ms
-    # ranks up to PEER_SPEED slower than the fastest are peers; a straggler beyond it: nobody waits, the straggler
-    # included (the fast ranks would lock into its pace), and neither do the fast ranks (measured worse: see
-    # _join_deadline_ns)
-    near = int(PEER_SPEED * 30 * ms)
-    assert _join_deadline_ns(_table(dict(base, INTERVAL_NS=[30 * ms] * 3 + [near])), 3, 3150 * ms, near, 0.5) \
-        == 3160 * ms
-    slow = _table(dict(base, INTERVAL_NS=[30 * ms] * 3 + [near + ms]))
-    assert _join_deadline_ns(slow, 0, 140 * ms, 30 * ms, 0.5) is None
-    assert _join_deadline_ns(slow, 3, 3150 * ms, near + ms, 0.5) is None
-    # unmeasured step times (own, or a peer's): no waiting
-    assert _join_deadline_ns(meta, 0, 140 * ms, -1, 0.5) is None
-    assert _join_deadline_ns(_table(dict(base, INTERVAL_NS=[30 * ms] * 3 + [-1])), 0, 140 * ms, 30 * ms, 0.5) is None

@@ -27,12 +27,10 @@ applied tick's buffer back (recycle), and the tick thread zeroes it for reuse. N
 Pacing: the thread issues a tick at most every `tick_s` seconds, and backs off (doubling, up to `max_idle_s`) while
 ticks come back empty; once every rank's push period is measured it sleeps instead until shortly before the next
 event the table predicts (next_probe_s: a rank due to push or stream, a hold ending): on a CPU machine probes in
-between only take cycles from the computation. A push wakes its own rank's thread at once; a thread whose rank is
-due to push, in a job without a straggler, waits for that push before joining the next tick, at most to the end of
-the hold window (_await_own_push): its peers wait inside the collective meanwhile, which tells them of the push without
-a probe per tick_s. A tick carries one model-sized buffer however many pushes it sums, so communication is bounded
-by model size / tick interval, whatever the ranks' speeds. A tick completes when every rank's thread has joined it:
-ticks wait for the slowest *thread*, never for a straggler's computation.
+between only take cycles from the computation. A push wakes its own rank's thread at once. A tick carries one model-
+sized buffer however many pushes it sums, so communication is bounded by model size / tick interval, whatever the
+ranks' speeds. A tick completes when every rank's thread has joined it: ticks wait for the slowest *thread*, never
+for a rank's computation.
 
 Shutdown: a rank that has finished raises FINISHED in its row; the thread stops after the first tick in which every
 rank is finished and nobody pushed anything, which every rank sees at the same tick (so no collective is left
@@ -74,7 +72,6 @@ QUIET_MARGIN, QUIET_MAX_S, OVERDUE_POLL = 0.25, 0.25, 0.05
 CHUNK_WORDS, MAX_CHUNKS = 1 << 20, 4   # a streamed tick's payload: chunks of at least CHUNK_WORDS, at most MAX
 STREAM_SPEED = 1.5        # a rank streams only while its push period is within this factor of the fastest rank's
 HOLD_FRACTION = 0.5        # default release hold, a fraction of the pushers' step period (HVD_ELASTIC_PEER_WAIT)
-PEER_SPEED = 1.25          # a rank whose step time is within this factor of another's is its peer
 
 
 def _pending_rows(meta: np.ndarray) -> np.ndarray:
@@ -133,38 +130,6 @@ def next_probe_s(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> Opti
         hold = hold_fraction * float(period[pending].min())
         events += list(meta[pending, PENDING_SINCE_NS] + hold - meta[pending, NOW_NS])
     return float(min(max(min(events), 0.0) / 1e9, QUIET_MAX_S))
-
-
-def _join_deadline_ns(meta: np.ndarray, rank: int, own_start_ns: int, own_interval_ns: int,
-                      hold_fraction: float) -> Optional[int]:
-    """Until when (this rank's clock) the tick thread of `rank`, whose next push is predicted at own_start_ns, waits
-    for that push before joining the next tick (Ticker._await_own_push): the end of the hold window (hold_fraction
-    of the fastest live rank's period) after the earliest event of the table -- a pending push (PENDING_SINCE_NS)
-    or a predicted push start of a live rank not held at its gate -- or None when its own push is not predicted
-    inside that window, or unless every live rank's step time (INTERVAL_NS; this rank's: ``own_interval_ns``) is
-    within PEER_SPEED of the fastest's. Other rows' times are taken relative to their own NOW_NS.
-
-    Only among peers, measured: where a straggler's thread waited too, the fast ranks, which wait for their own
-    updates' delivery, locked into its pace in 1 of 3 runs (their push periods then looked like its period); where
-    only the fast ranks' threads waited, with a straggler present, zipline's fast ranks lost compute share (0.76 /
-    0.73 vs 0.91 / 0.88, MNIST-1D static profile, seeds 0 and 1) and asp's and dssp's staleness rose (0.56-0.78
-    vs 0.09-0.67) -- not understood yet, so a job with a straggler keeps the probes."""
-    live = (meta[:, FINISHED] == 0) & (meta[:, PERIOD_NS] > 0)
-    if not live.any() or (meta[live, INTERVAL_NS] <= 0).any() or own_interval_ns <= 0:
-        return None
-    intervals = list(meta[live, INTERVAL_NS]) + [own_interval_ns]
-    if max(intervals) > PEER_SPEED * float(min(intervals)):
-        return None
-    window = hold_fraction * float(meta[live, PERIOD_NS].min())
-    shift = meta[:, NOW_NS] - meta[rank, NOW_NS]          # row q's clock minus this rank's
-    pending = live & _pending_rows(meta) & (meta[:, PENDING_SINCE_NS] >= 0)
-    idle = live & ~_pending_rows(meta) & (meta[:, GATED] <= 0) & (meta[:, LAST_PUSH_NS] >= 0)
-    idle[rank] = False
-    events = [own_start_ns]
-    events += list(meta[pending, PENDING_SINCE_NS] - shift[pending])
-    events += list(_next_start_ns(meta, idle) - shift[idle])
-    end = float(min(events)) + window
-    return int(end) if own_start_ns <= end else None
 
 
 def chunk_bounds(numel: int) -> List[int]:
@@ -470,33 +435,6 @@ class Ticker:
         self.buffers.zero_(buf)
         return buf
 
-    def _await_own_push(self):
-        """(Under the lock, before a tick that is not a release.) While this rank is due to push, wait for that push
-        instead of joining the tick without it. Due: nothing pending, its next push (or stream) predicted within
-        the hold window (HVD_ELASTIC_PEER_WAIT of the fastest rank's period) of the earliest event of the last
-        table -- a peer's pending push, or a peer's or its own predicted next push -- and every rank's step time
-        within PEER_SPEED of the fastest rank's (_join_deadline_ns). It waits at most until that
-        window ends, as release() would hold a probe for it. Its peers' threads meanwhile wait inside the tick's
-        collective, which completes when this rank joins it: the collective itself brings them the push, where
-        probing every tick_s until it came cost one collective per tick_s (measured, asp, 4 equally fast ranks:
-        5.5 ticks per step, 3 of 4 of them probes; 1.2 after). Only when this rank joins changes; what each tick
-        carries and every rank's decisions are as before."""
-        meta, period = self._last_meta, self._period_ns
-        if meta is None or self._finished or self.gated or self._pending_count or self._stream is not None \
-                or period <= 0 or self._last_push_ns < 0 or self.hold_fraction <= 0:
-            return
-        deadline_ns = _join_deadline_ns(meta, self.rank, self._last_push_ns + period - max(self._lead_ns, 0),
-                                        self._interval_ns, self.hold_fraction)
-        now = self.now_ns()
-        if deadline_ns is None or deadline_ns <= now:
-            return                     # not due (a straggler's thread serves its peers' ticks at once), or late
-        deadline = time.monotonic() + (deadline_ns - now) / 1e9
-        while not (self._wake or self._finished or self.gated or self._error is not None):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            self._lock.wait(left)
-
     def _encode_row(self, index: int, count: int, clock: int, pending: int, since_ns: int, streaming: int):
         """This rank's row of the next tick's table (the other rows stay -1: zeros once encoded), into _words.
         LAST_PUSH_NS is that of the last push sent, so that it always goes with CLOCK (the policies predict a rank's
@@ -556,8 +494,6 @@ class Ticker:
                         if not self._finished and not self._wake:
                             self._lock.wait(wait)
                 with self._lock:
-                    if not release_now:
-                        self._await_own_push()
                     self._wake = False
                 last = time.monotonic()
                 full = release_now or (numel < CHUNK_WORDS and sum(recent) >= BUSY)

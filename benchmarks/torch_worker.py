@@ -6,8 +6,9 @@ The policy comes from HVD_ELASTIC_POLICY (set by the driver), or ``--impl horovo
 ``horovod.torch.DistributedOptimizer`` (the reference; timed here with the plugin's Telemetry, the same split as
 bsp). The optimizer is what a Horovod user writes: SGD(lr = per-rank lr x ranks, momentum). --seed sets the model's
 initialization and the batch order (the data set is fixed). The profile's emulated slowness is injected here, the
-same way for every policy: after backward, a sleep of ``step_delay + sample_delay x batch`` scaled by the jitter /
-non-dedicated factors (hvd_elastic.emulation).
+same way for every policy: between forward and backward (before the gradient exists, so before a push at the end of
+backward), a sleep of ``step_delay + sample_delay x batch`` scaled by the jitter / non-dedicated factors
+(hvd_elastic.emulation).
 
 Evaluation is kept out of the timed loop: every --eval-every local steps rank 0 only takes a snapshot (a copy of the
 flat trainable parameters, the wall time and the global step; under wbsp the published global model instead of its
@@ -126,8 +127,14 @@ def main():
         if global_steps(local) >= args.global_steps:
             break
         opt.zero_grad()
-        F.cross_entropy(model(x_tr[idx]), y_tr[idx]).backward()
+        loss = F.cross_entropy(model(x_tr[idx]), y_tr[idx])
+        # The emulated compute goes between forward and backward, where a slower device spends it: a gradient
+        # pushed at the end of backward (the relaxed policies' default) is then as old as a real slow step's, and
+        # nothing after the push hides the tick. Until the fifteenth session the sleep came after backward, i.e.
+        # after that push (docs/benchmarks.md: asp static seed 0, straggler staleness mean 0.4 -> 3.0, fast ranks'
+        # compute share 96% -> 68%).
         straggler.pause(0.0, samples=len(idx))
+        loss.backward()
         if telemetry is not None:
             t_step = time.perf_counter()
             opt.step()

@@ -655,6 +655,9 @@ def parse_args(argv=None):
     ap.add_argument("--docs", action="store_true", help="write docs/benchmarks.md and docs/bench/*.png")
     ap.add_argument("--update", action="store_true", help="re-run only the chosen jobs and merge them into the "
                     "results already in the output folder (same task, --global-steps and --sample-ms as those)")
+    ap.add_argument("--from", dest="from_dir", metavar="DIR",
+                    help="run nothing: write the tables, plots and target checks from DIR/results.json (a finished "
+                         "run's --out folder) to --out, or with --docs to docs/ (its task, budget and speed are kept)")
     ap.add_argument("--quick", action="store_true", help="smoke run: task digits, 1 seed, a small budget (digits "
                     f"{TASKS['digits']['quick_budget']}, mnist1d {TASKS['mnist1d']['quick_budget']} global steps); "
                     "unless given: profile static, policies horovod, bsp, asp, frontend torch")
@@ -683,6 +686,10 @@ def parse_args(argv=None):
         ap.error("--seeds, --global-steps and --eval-every must be >= 1")
     if opts.first_seed < 0:
         ap.error("--first-seed must be >= 0")
+    if opts.from_dir and opts.update:
+        ap.error("--from and --update: choose one (--from runs nothing)")
+    if opts.from_dir and not os.path.exists(os.path.join(opts.from_dir, "results.json")):
+        ap.error(f"--from: no results.json in {opts.from_dir}")
     return opts
 
 
@@ -733,6 +740,8 @@ def main(argv=None):
                     jobs.append((fe, prof, pol, seed))
     outdir = os.path.join(ROOT, "docs", "bench") if opts.docs else opts.out
     os.makedirs(outdir, exist_ok=True)
+    if opts.from_dir:
+        return render(opts, outdir, json.load(open(os.path.join(opts.from_dir, "results.json"))))
     print(f"task {opts.task}: {len(jobs)} jobs ({opts.seeds} seed{'s' if opts.seeds > 1 else ''}), "
           f"{opts.global_steps} global steps of {opts.batch} samples, {opts.sample_ms:g} ms per sample, "
           f"target {opts.target:g}", flush=True)
@@ -762,10 +771,29 @@ def main(argv=None):
             raise SystemExit(f"--update: {outdir} holds task {old.get('task', 'digits')}, not {opts.task}")
         results = merge_runs(old["runs"], results)
         rows = [summarize(r, opts.target) for r in results]
+    return write_outputs(opts, outdir, results, rows, t_start)
+
+
+RUN_SETTINGS = ("lr", "momentum", "batch", "launcher")   # kept in results.json for --from
+
+
+def render(opts, outdir: str, saved: Dict) -> int:
+    """--from: the outputs of a finished run, from its results.json (the run's task, budget and speed win)."""
+    opts.task = saved.get("task", "digits")
+    for k in ("target", "global_steps", "sample_ms") + RUN_SETTINGS:   # (older files lack the RUN_SETTINGS)
+        setattr(opts, k, saved.get(k, getattr(opts, k)))
+    results = saved["runs"]
+    print(f"{len(results)} runs from {opts.from_dir}: task {opts.task}, target {opts.target:g}", flush=True)
+    return write_outputs(opts, outdir, results, [summarize(r, opts.target) for r in results], time.perf_counter())
+
+
+def write_outputs(opts, outdir: str, results: List[Dict], rows: List[Dict], t_start: float) -> int:
+    """results.json / results.csv / cells.csv, the plots, the markdown tables and the target checks."""
     cells = aggregate(rows)
     with open(os.path.join(outdir, "results.json"), "w") as f:
         json.dump({"task": opts.task, "target": opts.target, "global_steps": opts.global_steps,
-                   "sample_ms": opts.sample_ms, "cells": cells, "rows": rows, "runs": results}, f, indent=1)
+                   "sample_ms": opts.sample_ms, **{k: getattr(opts, k) for k in RUN_SETTINGS},
+                   "cells": cells, "rows": rows, "runs": results}, f, indent=1)
     with open(os.path.join(outdir, "results.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()

@@ -116,6 +116,13 @@ def test_quick_mnist1d_benchmark_curves_from_snapshots(tmp_path):
         assert _is_png(out / f"torch-static-{kind}.png"), kind
     md = (out / "benchmarks.md").read_text()
     assert "--task mnist1d" in md and "MNIST-1D" in md and "| horovod | " in md and "### Targets" in md
+    # --from: the same outputs from the saved results, nothing run (the run's task and budget, not the defaults)
+    again = tmp_path / "again"
+    proc = _bench(["--from", str(out), "--out", str(again)], timeout=120)
+    assert "[1/" not in proc.stdout and proc.stdout.startswith(f"2 runs from {out}: task mnist1d"), proc.stdout
+    assert json.load(open(again / "results.json"))["cells"] == cells
+    assert (again / "benchmarks.md").read_text() == md
+    assert data["lr"] == 0.0375 and data["momentum"] == 0.5 and data["batch"] == 32 and data["launcher"] == "mpirun"
 
 
 def test_time_to_target_counts_only_once_accuracy_stays():
@@ -197,6 +204,12 @@ def test_unknown_policy_is_a_one_line_error():
                           cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "--frontends keras: only with --task digits" in proc.stdout
+
+
+def test_from_without_results_is_a_one_line_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--from", str(tmp_path)], cwd=ROOT, env=_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert proc.returncode != 0 and f"--from: no results.json in {tmp_path}" in proc.stdout, proc.stdout
 
 
 def test_update_merges_rerun_jobs_in_place():

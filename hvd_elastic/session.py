@@ -22,6 +22,7 @@ class Session:
         self._allgather_object = allgather_object
         self.telemetry = Telemetry(rank, size, cfg.policy)
         self.straggler = Straggler.from_config(cfg, rank, size)
+        self._slept_early = False   # this step's emulated delay was slept when backward started (emulate_early)
         self.last_step_end = time.perf_counter()
         self._last_compute: Optional[float] = None
         self.engine = None          # SyncEngine under the relaxed policies (built by the frontend)
@@ -37,12 +38,26 @@ class Session:
         self.telemetry.on_step = self.watchdog.step_done
 
     def begin_step(self, samples: int = 0) -> float:
-        """Measure this step's compute (since the last step ended) and inject emulated delay; returns compute."""
+        """Measure this step's compute (since the last step ended) and inject emulated delay, unless
+        :meth:`emulate_early` already slept it inside that compute; returns compute."""
         compute = time.perf_counter() - self.last_step_end
         self.watchdog.enter("step")
+        if self._slept_early:
+            self._slept_early = False
+            return compute
         slept = self.straggler.pause(compute, samples)
         self.telemetry.emulated_s += slept
         return compute + slept
+
+    def emulate_early(self):
+        """Backward starts and its gradient will be pushed when it ends: sleep this step's emulated delay now, where
+        a slower device spends it, so that the pushed gradient is as old as that device's would be (slept at step()
+        instead, it would come after the push: a straggler's gradients as fresh as a fast rank's, its tick hidden
+        behind the sleep). Once per step; HVD_ELASTIC_EMULATE_SLOWDOWN scales the compute measured so far."""
+        if self._slept_early or not self.straggler.active:
+            return
+        self._slept_early = True
+        self.telemetry.emulated_s += self.straggler.pause(time.perf_counter() - self.last_step_end)
 
     def push(self, accumulate: Callable[[Any, float], None]):
         """Push this step's gradient before step() (the frontend calls it when backward has produced all of it);

@@ -46,7 +46,8 @@ class BackwardPush:
         if id(p) in self._seen:
             self._twice = True
             return
-        if self.mode == ON and not self._seen:        # backward starts: stream if the engine takes it
+        if self.mode == ON and not self._seen:        # backward starts: emulated delay, then stream if the engine
+            self.session.emulate_early()               # takes it (the gradient is pushed at the end of backward)
             self.streaming = self.session.stream_begin(self.flat.accumulate_range)
         self._seen.add(id(p))
         if self.streaming:

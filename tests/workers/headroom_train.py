@@ -1,7 +1,7 @@
 """Worker: the benchmark's MNIST-1D task (1-D CNN, SGD at a Horovod user's lr --lr x ranks, momentum 0.5) under
 the policy in HVD_ELASTIC_POLICY until a global budget of gradients, with rank 3 three times slower (sleep per
-sample). Writes per rank: the test accuracy after finish(), a hash of the final weights and the end-of-run report
-(staleness included)."""
+sample, between forward and backward as in the benchmark). Writes per rank: the test accuracy after finish(), a hash
+of the final weights and the end-of-run report (staleness included)."""
 import argparse
 import hashlib
 import json
@@ -52,8 +52,9 @@ def main():
             if len(idx) < 32 or hvde.global_steps(opt) >= args.budget:
                 break
             opt.zero_grad()
-            F.cross_entropy(model(x_tr[idx]), y_tr[idx]).backward()
-            time.sleep(delay * len(idx))
+            loss = F.cross_entropy(model(x_tr[idx]), y_tr[idx])
+            time.sleep(delay * len(idx))   # before backward, where a slower device spends it: before the push
+            loss.backward()
             opt.step()
             steps += 1
             if args.eval_every and rank == 0 and steps % args.eval_every == 0:

@@ -157,3 +157,23 @@ def test_wbsp_downloads_only_models_that_include_the_slowest_upload(overlap, tmp
     if overlap == "1":   # mpirun: fast ranks run ahead and download far less often than they step
         assert min(rep["steps"] for rep in reports[:3]) > 2 * reports[3]["steps"]
         assert all(rep["counters"]["downloads"] < rep["steps"] / 2 for rep in reports[:3])
+
+
+@pytest.mark.parametrize("policy", ["asp", "zipline"])
+def test_join_pacing_keeps_the_invariants_with_every_tick_full(policy, tmp_path):
+    """HVD_ELASTIC_TICK_PACING=join (engine/ticker.py, join_wait_s): no probes, every tick carries the payload, and
+    each rank's thread decides when to join. Every push applied once everywhere, identical replicas, zipline's
+    barriers identical on every rank (a poll counted from "now" instead of from the tick hung zipline at its first
+    barrier: this run would time out), and fewer ticks than probes would take: measured per push of the fastest
+    rank, 1.9-2.1 ticks with join pacing, 3.9-4.0 with the default probes (this worker's 2 ms steps are shorter than
+    a tick, so a round of pushes often takes two)."""
+    env = {"HVD_ELASTIC_POLICY": policy, "HVD_ELASTIC_TICK_PACING": "join", "HVD_ELASTIC_LOOKAHEAD": "6",
+           **STRAGGLER}
+    reports = _common_invariants(_run("mpirun", env, tmp_path), policy)
+    counters = [rep["counters"] for rep in reports]
+    assert all(c["payload_collectives"] == c["ticks"] for c in counters), counters   # no probes
+    assert len({c["ticks"] for c in counters}) == 1
+    fastest = max(c["pushed"] for c in counters)
+    assert counters[0]["ticks"] < 3 * fastest, (counters[0]["ticks"], fastest)
+    if policy == "zipline":
+        assert counters[0]["barriers"] >= 5 and len({c["barrier_digest"] for c in counters}) == 1, counters

@@ -84,3 +84,58 @@ def test_release_holds_for_a_peer_due_within_the_window_and_never_for_a_straggle
     # a rank held at its gate (a barrier, a staleness bound) pushes only after a tick opens it: never waited for
     assert release(_table(dict(base, GATED=[0, 1])))
     assert not release(_table(dict(base, GATED=[0, 0])))
+
+
+def test_small_payload_join_waits_for_the_own_push_in_the_first_group_and_sits_otherwise():
+    """join_wait_s (small payloads: every tick full): worked out by hand on a 3-rank table, common clock in ms."""
+    from hvd_elastic.engine.ticker import (GATED, INTERVAL_NS, LAST_PUSH_NS, OVERDUE_POLL, QUIET_MARGIN, QUIET_MAX_S,
+                                           join_wait_s)
+    ms = 1_000_000
+    # ranks 0, 1 fast (period 40 ms, next pushes at 140 and 145), rank 2 slow (computes 100 ms, period 120 ms, next
+    # push at 150); the fast ranks compute 30 ms of their 40 ms period
+    meta = _table({"LAST_PUSH_NS": [100 * ms, 105 * ms, 30 * ms], "PERIOD_NS": [40 * ms, 40 * ms, 120 * ms],
+                   "INTERVAL_NS": [30 * ms, 30 * ms, 100 * ms], "NOW_NS": [110 * ms] * 3})
+    now = 120 * ms
+    # rank 0 is in the first group (earliest at 140; rank 1 is its peer, due within the 20 ms hold): it waits for
+    # its own push, at most a hold past its prediction: 140 + 20 - 120 = 40 ms
+    assert abs(join_wait_s(meta, 0, now) - 0.040) < 1e-9
+    assert abs(join_wait_s(meta, 1, now) - 0.045) < 1e-9
+    # rank 2 is not a peer of the fast ranks (it computes 3.3x longer), although due within the hold: it joins
+    # QUIET_MARGIN of a period before their first push and waits inside the collective (its own push would make it
+    # join at once)
+    assert abs(join_wait_s(meta, 2, now) - (140 - QUIET_MARGIN * 40 - 120) / 1000) < 1e-9
+    # peers by compute time, not push period: with a 30 ms compute time rank 2 is a peer and waits for its push, at
+    # most a hold of the group's shortest period (20 ms) past its prediction: 150 + 20 - 120
+    assert abs(join_wait_s(_with(meta, 2, INTERVAL_NS, 30 * ms), 2, now) - 0.050) < 1e-9
+    # the slow rank due first (its push at 130) is alone in its group; it waits for its push at most until the
+    # faster ranks' first predicted push (140), not a whole hold of its period (60 ms): a straggler's late push must
+    # not hold the fast ranks' pushes back
+    early = _with(meta, 2, LAST_PUSH_NS, 10 * ms)
+    assert abs(join_wait_s(early, 2, now) - 0.020) < 1e-9
+    # ... and the fast ranks join at once (130 - 30 < now) rather than hold its push until theirs
+    assert join_wait_s(early, 0, now) == 0.0
+    # held at its gate, rank 0 is not due: it sits like rank 2, before rank 1's push at 145
+    assert abs(join_wait_s(_with(meta, 0, GATED, 1), 0, now) - (145 - QUIET_MARGIN * 40 - 120) / 1000) < 1e-9
+    # two ranks; rank 1 overdue (at 170 ms: 25 ms past its push at 145, more than its 20 ms hold): rank 0, held at
+    # its gate, looks again OVERDUE_POLL of rank 1's period after the table's tick (its snapshot at 169 ms) -- counted
+    # from the tick, so that a thread re-evaluating its wait does not push the poll back every time
+    pair = _table({"LAST_PUSH_NS": [100 * ms, 105 * ms], "PERIOD_NS": [40 * ms, 40 * ms],
+                   "NOW_NS": [168 * ms, 169 * ms], "GATED": [1, 0]})
+    assert abs(join_wait_s(pair, 0, 170 * ms) - (169 + OVERDUE_POLL * 40 - 170) / 1000) < 1e-9
+    assert join_wait_s(pair, 0, 172 * ms) == 0.0
+    # nobody due soon: capped at QUIET_MAX_S
+    far = _table({"LAST_PUSH_NS": [0, 0, 0], "PERIOD_NS": [10_000 * ms] * 3, "NOW_NS": [0] * 3})
+    assert join_wait_s(far, 0, 0) == QUIET_MAX_S
+    # a due rank's period not measured yet: no prediction (tick_s pacing) ...
+    assert join_wait_s(_table({"LAST_PUSH_NS": [0, -1], "PERIOD_NS": [40 * ms, -1], "NOW_NS": [0, 0]}), 0, 0) is None
+    # ... unless that rank has finished; another rank's GATED does not count (it was held before the tick, which
+    # may have let it go), this rank's own does (its row is its live state)
+    unmeasured = _table({"LAST_PUSH_NS": [0, -1], "PERIOD_NS": [40 * ms, -1], "NOW_NS": [0, 0], "GATED": [0, 1]})
+    assert join_wait_s(unmeasured, 0, 0) is None
+    assert abs(join_wait_s(_with(unmeasured, 1, FINISHED, 1), 0, 0) - 0.060) < 1e-9
+
+
+def _with(meta, rank, column, value):
+    out = meta.copy()
+    out[rank, column] = value
+    return out

@@ -76,7 +76,8 @@ class SyncEngine:
         # Peer alignment (HVD_ELASTIC_PEER_WAIT) also bounds how long a tick holds pushes for ranks due to push.
         self.ticker = Ticker(numel, buffers, rank, size, allreduce_sum, tick_s=tick_s, epoch_ns=epoch_ns,
                              name=tick_name, hold_fraction=policy.cfg.peer_wait,
-                             stream=stream and not self.updates.local_step)
+                             stream=stream and not self.updates.local_step,
+                             join_pacing=policy.cfg.tick_pacing == "join")
         policy.attach(self)
 
     # ---- per step ----------------------------------------------------------------------------------------------

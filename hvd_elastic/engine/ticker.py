@@ -5,20 +5,30 @@ it has none) and (b) a metadata table in which each rank fills only its own row,
 every rank's clock, last push time and iteration time. Every rank receives the same ticks in the same order, which
 is what lets every rank apply the same updates and take the same scheduling decisions.
 
-Metadata first: a tick in which nobody pushed moves no model-sized buffer. A tick is normally a *probe*: a metadata-
-only allreduce (a few hundred words) that delivers nothing and tells every rank what each rank has pending. When the
-table shows pending pushes, every rank decides -- from the table alone, so identically -- to release them: the next
-tick is then a *full* tick, payload and metadata in one allreduce, issued at once. The release waits (at most
-HVD_ELASTIC_PEER_WAIT, default HOLD_FRACTION, of the pushing ranks' step period, counted from the first pending
-push) for ranks that are due to push within that window (last push + measured push period), so that equally fast
-ranks land in the same payload instead of one payload each; ranks not due (a straggler) are never waited for. While
-most recent ticks carried pushes or released them at once (BUSY of the last BUSY_WINDOW: pushes arrive faster than
-ticks), ticks are full without probes (one collective per tick; an empty full tick moves a zero payload) -- for
-payloads under CHUNK_WORDS only: beyond, a probe costs little beside the payload and an empty full tick a lot. A probe
-that holds pending pushes for a peer does not count: counting it made every hold switch to full ticks, which
-release without waiting, so equally fast ranks drifted apart (see docs/design.md). Every choice depends
-only on past tables, which every rank holds identically, so every rank issues the same collectives in the same
-order.
+Join pacing (HVD_ELASTIC_TICK_PACING=join, experimental), small payloads (under SMALL_WORDS, 1 MB in float32): every
+tick is full, payload and metadata in one allreduce, and there are no probes and no releases: a tick fires when the
+last rank's thread joins it, so each thread decides *when* to join, from the last table and its own live state
+(join_wait_s): a rank due to push with the first group of peers waits for its own push (bounded by the hold), every
+other rank joins early and waits inside the collective. One collective per round of pushes, where probe -> release
+-> full tick took two or more: on a 2-core machine each Horovod collective costs milliseconds, and a probe costs as
+much as a small payload. A tick in which nobody pushed then moves the small payload; such ticks are rare (a rank
+overdue, all ranks held). The joins need not agree across ranks: every tick has the same shape. Faster steps, but
+not yet a shorter time to target (docs/benchmarks.md): experimental, off by default.
+
+By default (and for larger payloads) -- metadata first: a tick in which nobody pushed moves no model-sized buffer. A
+tick is normally a *probe*: a metadata-only allreduce (a few hundred words) that delivers nothing and tells every
+rank what each rank has pending. When the table shows pending pushes, every rank decides -- from the table alone, so
+identically -- to release them: the next tick is then a *full* tick, payload and metadata in one allreduce, issued
+at once. The release waits (at most HVD_ELASTIC_PEER_WAIT, default HOLD_FRACTION, of the pushing ranks' step period,
+counted from the first pending push) for ranks that are due to push within that window (last push + measured push
+period), so that equally fast ranks land in the same payload instead of one payload each; ranks not due (a
+straggler) are never waited for. While most recent ticks carried pushes or released them at once (BUSY of the last
+BUSY_WINDOW: pushes arrive faster than ticks), ticks are full without probes (one collective per tick; an empty full
+tick moves a zero payload) -- for payloads under CHUNK_WORDS only: beyond, a probe costs little beside the payload
+and an empty full tick a lot. A probe that holds pending pushes for a peer does not count: counting it made every
+hold switch to full ticks, which release without waiting, so equally fast ranks drifted apart (see docs/design.md).
+Every choice depends only on past tables, which every rank holds identically, so every rank issues the same
+collectives in the same order.
 
 Buffers: the update buffers are the frontend's own tensors (engine/buffers.py), preallocated and reused: pushes
 accumulate in place into the pending buffer; a tick swaps it for a zeroed spare; the training thread gives each
@@ -53,7 +63,7 @@ from .buffers import NumpyBuffers
 # NOW_NS: the row's snapshot time; PERIOD_NS: measured time between the rank's pushes (moving average).
 # STREAM: a streamed push is under way (probes only); LEAD_NS: the rank's measured stream begin -> end time.
 # GATED: the rank's training thread is held by its policy's rule (a barrier, a staleness bound, peer alignment), so
-# it pushes nothing before a later tick opens its gate: a release never waits for it.
+# it pushes nothing before a later tick opens its gate: a release never waits for it (nor, for its own row, a join).
 COUNT, CLOCK, LAST_PUSH_NS, INTERVAL_NS, FINISHED, SEQ, PENDING, PENDING_SINCE_NS, NOW_NS, PERIOD_NS, STREAM, \
     LEAD_NS, GATED = range(13)
 META_COLUMNS = 13
@@ -70,6 +80,8 @@ BUSY_WINDOW, BUSY = 8, 6   # full ticks without probes while BUSY of the last BU
 # QUIET_MAX_S between ticks; look for a rank past its predicted push every OVERDUE_POLL of its period.
 QUIET_MARGIN, QUIET_MAX_S, OVERDUE_POLL = 0.25, 0.25, 0.05
 CHUNK_WORDS, MAX_CHUNKS = 1 << 20, 4   # a streamed tick's payload: chunks of at least CHUNK_WORDS, at most MAX
+SMALL_WORDS = 1 << 18      # payloads under this: every tick full, paced by join_wait_s (no probes)
+PEER_SPEED = 1.25          # a rank whose period is within this factor of another's is its peer (join_wait_s)
 STREAM_SPEED = 1.5        # a rank streams only while its push period is within this factor of the fastest rank's
 HOLD_FRACTION = 0.5        # default release hold, a fraction of the pushers' step period (HVD_ELASTIC_PEER_WAIT)
 
@@ -129,6 +141,51 @@ def next_probe_s(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> Opti
     if pending.any():
         hold = hold_fraction * float(period[pending].min())
         events += list(meta[pending, PENDING_SINCE_NS] + hold - meta[pending, NOW_NS])
+    return float(min(max(min(events), 0.0) / 1e9, QUIET_MAX_S))
+
+
+def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float = HOLD_FRACTION) -> Optional[float]:
+    """Small payloads (under SMALL_WORDS): every tick is full, and a tick fires when the last rank's thread joins it,
+    so *when* each thread joins decides what a tick carries. This is how long this rank's thread waits before it
+    joins the next tick, from the last tick's table with this rank's own row as it stands now (a push of its own
+    makes it join at once; 0: join now and wait inside the collective for the others). No rank needs to agree with
+    another on it: every tick has the same shape.
+
+    The due ranks are the live ones whose next push the table predicts (last push + period), this rank only if it is
+    not held at its gate (another rank's GATED is from before the tick, which may have let it go). The first group
+    is the earliest due rank and its peers (step compute time, INTERVAL_NS, within PEER_SPEED of its own: the push
+    period would not do, it includes the time a rank waits) predicted within a hold (`hold_fraction` of the first's
+    period) after it: the pushes the next tick waits for. A member waits for its own push, at most a hold (of the
+    group's shortest period) past its prediction and never past the predicted push of a faster rank outside the
+    group (a straggler's late push must not hold the fast ranks' pushes back); then it joins empty-handed and its
+    push goes into the next tick. Every other rank joins QUIET_MARGIN of a period before the first predicted push
+    and waits inside the collective, so the tick fires as soon as the group has pushed. A rank more than a hold past
+    its predicted push (overdue) is no longer waited for: ranks outside the group look for it OVERDUE_POLL of its
+    period after the table's tick. Times are compared on the job's common clock (now_ns, LAST_PUSH_NS: ns since the
+    shared epoch), as ZipLine's barriers compare them. None when no rank is due or a due rank's period is not
+    measured yet (no prediction: pace by tick_s)."""
+    live = meta[:, FINISHED] == 0
+    live[rank] &= meta[rank, GATED] <= 0
+    if not live.any() or (meta[live, PERIOD_NS] <= 0).any() or (meta[live, LAST_PUSH_NS] < 0).any():
+        return None
+    period = meta[:, PERIOD_NS].astype(np.float64)
+    speed = np.where(meta[:, INTERVAL_NS] > 0, meta[:, INTERVAL_NS], meta[:, PERIOD_NS]).astype(np.float64)
+    rel = (meta[:, LAST_PUSH_NS] + meta[:, PERIOD_NS]).astype(np.float64) - now_ns
+    overdue = live & (rel < -hold_fraction * period)
+    on_time = live & ~overdue
+    # the poll counts from the table's tick (its last row's snapshot), not from now: re-evaluated, it still comes
+    events = [float(meta[:, NOW_NS].max()) + OVERDUE_POLL * float(period[overdue].min()) - now_ns] \
+        if overdue.any() else []
+    if on_time.any():
+        first = int(np.flatnonzero(on_time)[np.argmin(rel[on_time])])
+        group = on_time & (speed <= PEER_SPEED * speed[first]) & (speed[first] <= PEER_SPEED * speed) \
+            & (rel <= rel[first] + hold_fraction * period[first])
+        if group[rank]:       # wait for the own push (an overdue rank's poll would only make it miss the tick)
+            deadline = rel[rank] + hold_fraction * float(period[group].min())
+            faster = on_time & ~group & (speed * PEER_SPEED < speed[first])
+            events = [min(deadline, float(rel[faster].min())) if faster.any() else deadline]
+        else:
+            events.append(rel[first] - QUIET_MARGIN * period[first])
     return float(min(max(min(events), 0.0) / 1e9, QUIET_MAX_S))
 
 
@@ -194,7 +251,8 @@ class Ticker:
     def __init__(self, numel: int, buffers, rank: int, size: int,
                  allreduce_sum: Callable[[list, str], None],
                  tick_s: float = 0.005, max_idle_s: float = 0.01, epoch_ns: int = 0,
-                 name: str = "hvd_elastic.tick", hold_fraction: float = HOLD_FRACTION, stream: bool = False):
+                 name: str = "hvd_elastic.tick", hold_fraction: float = HOLD_FRACTION, stream: bool = False,
+                 join_pacing: bool = False):
         if not hasattr(buffers, "zeros"):          # a dtype: numpy buffers
             buffers = NumpyBuffers(buffers)
         self.numel, self.buffers, self.rank, self.size = numel, buffers, rank, size
@@ -225,7 +283,10 @@ class Ticker:
         self._interval_ns = -1
         self._pending_since_ns = -1
         self._sent_push_ns = -1        # time of the last push inside a sent (full) tick
-        self.gated = False             # set by the engine while its policy holds the training thread (GATED)
+        self._gated = False            # the training thread is held at its gate (GATED; see the property)
+        # Join pacing (HVD_ELASTIC_TICK_PACING=join), small payloads: every tick full, each thread joining when
+        # join_wait_s says (no probes, no release).
+        self.small = join_pacing and numel < SMALL_WORDS and len(self._bounds) <= 2
         self._period_ns = -1
         self._finished = False
         self._completed: Deque[Tick] = collections.deque()
@@ -441,7 +502,7 @@ class Ticker:
         next pushes from both)."""
         meta = np.full((self.size, META_COLUMNS), -1, np.int64)
         meta[self.rank] = (count, clock, self._sent_push_ns, self._interval_ns, int(self._finished), index, pending,
-                           since_ns, self.now_ns(), self._period_ns, streaming, self._lead_ns, int(self.gated))
+                           since_ns, self.now_ns(), self._period_ns, streaming, self._lead_ns, int(self._gated))
         encode_meta(meta, self._words)
 
     def _send_chunks(self, send, member: Optional[_Stream], index: int, count: int, clock: int) -> np.ndarray:
@@ -473,6 +534,37 @@ class Ticker:
         self.bytes_reduced += buffers.nbytes(send)
         return decode_meta(buffers.get_words(send, self.numel, self._meta_words), self.size)
 
+    def _await_join(self, fallback: float):
+        """Small payloads: wait until this rank should join the next tick (join_wait_s, re-evaluated whenever the
+        training thread changes what it will do next: a push or a finish joins at once, a gate re-decides);
+        without a prediction until `fallback` (monotonic; tick_s pacing)."""
+        with self._lock:
+            while not (self._wake or self._finished or self._pending_count):
+                meta, wait = self._last_meta, None
+                if meta is not None:
+                    meta = meta.copy()      # this rank's own row as it stands now
+                    meta[self.rank, [LAST_PUSH_NS, INTERVAL_NS, PERIOD_NS, GATED]] = \
+                        (self._last_push_ns, self._interval_ns, self._period_ns, int(self._gated))
+                    wait = join_wait_s(meta, self.rank, self.now_ns(), self.hold_fraction)
+                left = (fallback - time.monotonic()) if wait is None else wait
+                if left <= 0:
+                    return
+                self._lock.wait(left)
+
+    @property
+    def gated(self) -> bool:
+        """Set by the engine while its policy holds the training thread: it pushes nothing before a tick opens its
+        gate (GATED in its row)."""
+        return self._gated
+
+    @gated.setter
+    def gated(self, value: bool):
+        if value != self._gated:
+            with self._lock:
+                self._gated = value
+                if self.small:          # join pacing re-decides when to join (probe pacing waits as it planned)
+                    self._lock.notify_all()
+
     def _reduce(self, buf, name: str):
         self._allreduce_sum([buf], name)
         self.bytes_reduced += self.buffers.nbytes(buf)
@@ -488,15 +580,18 @@ class Ticker:
             while True:
                 if self._spare is None and self._returned:   # zero the next spare now, off the release's path
                     self._spare = self._zeroed_buffer()
-                wait = last + idle_s - time.monotonic()
-                if wait > 0 and not release_now:
-                    with self._lock:   # a push or a finish() wakes us early: probes react at once
-                        if not self._finished and not self._wake:
-                            self._lock.wait(wait)
+                if self.small:
+                    self._await_join(last + idle_s)
+                else:
+                    wait = last + idle_s - time.monotonic()
+                    if wait > 0 and not release_now:
+                        with self._lock:   # a push or a finish() wakes us early: probes react at once
+                            if not self._finished and not self._wake:
+                                self._lock.wait(wait)
                 with self._lock:
                     self._wake = False
                 last = time.monotonic()
-                full = release_now or (numel < CHUNK_WORDS and sum(recent) >= BUSY)
+                full = self.small or release_now or (numel < CHUNK_WORDS and sum(recent) >= BUSY)
                 release_now = False
                 if full and self._spare is None:
                     self._spare = self._zeroed_buffer()
@@ -533,9 +628,9 @@ class Ticker:
                     raise TickerError(f"ranks are out of step at tick {index}: {meta[:, SEQ].tolist()}")
                 total = int(meta[:, COUNT].sum())
                 pending = int(meta[:, PENDING].sum())
-                if total:
+                if full:                        # a model-sized allreduce, even when nobody pushed into it
                     self.payload_collectives += 1
-                elif send is not None:          # an empty full tick's buffer sums zeros: it stays a zeroed spare
+                if not total and send is not None:   # an empty full tick's buffer sums zeros: it stays a zeroed spare
                     self._spare, send = send, None
                 release_now = not full and release(meta, self.hold_fraction)
                 dt = time.perf_counter() - t0
@@ -566,7 +661,7 @@ class Ticker:
                 if done:
                     return
                 pending += int(meta[:, STREAM].sum())
-                predicted = next_probe_s(meta, self.hold_fraction)
+                predicted = None if self.small else next_probe_s(meta, self.hold_fraction)
                 if predicted is not None:
                     idle_s = max(self.tick_s, predicted)
                 else:

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _native
 from ..predictors import predict_interval
-from .ticker import COUNT
+from .ticker import COUNT, PEER_SPEED
 from .updates import DeltaUpdates, GradientUpdates
 
 
@@ -95,7 +95,7 @@ class Policy:
             return "wait"
         return "wait" if self.updates.align_peers and self.waits_for_peers(clock) else None
 
-    PEER_SPEED = 1.25   # a rank whose step time is within this factor of this rank's is a peer
+    PEER_SPEED = PEER_SPEED   # a rank whose step time is within this factor of this rank's is a peer (ticker.py)
 
     def waits_for_peers(self, clock: int) -> bool:
         """Peer alignment (HVD_ELASTIC_PEER_WAIT): after its update is in, a rank waits -- at most that fraction

@@ -81,7 +81,8 @@ BUSY_WINDOW, BUSY = 8, 6   # full ticks without probes while BUSY of the last BU
 QUIET_MARGIN, QUIET_MAX_S, OVERDUE_POLL = 0.25, 0.25, 0.05
 CHUNK_WORDS, MAX_CHUNKS = 1 << 20, 4   # a streamed tick's payload: chunks of at least CHUNK_WORDS, at most MAX
 SMALL_WORDS = 1 << 18      # payloads under this: every tick full, paced by join_wait_s (no probes)
-PEER_SPEED = 1.25          # a rank whose period is within this factor of another's is its peer (join_wait_s)
+PEER_SPEED = 1.25          # a rank whose step compute time is within this factor of another's is its peer (peer
+                           # alignment in policies.py, join groups in join_wait_s)
 STREAM_SPEED = 1.5        # a rank streams only while its push period is within this factor of the fastest rank's
 HOLD_FRACTION = 0.5        # default release hold, a fraction of the pushers' step period (HVD_ELASTIC_PEER_WAIT)
 

@@ -287,7 +287,7 @@ class Ticker:
         self._gated = False            # the training thread is held at its gate (GATED; see the property)
         # Join pacing (HVD_ELASTIC_TICK_PACING=join), small payloads: every tick full, each thread joining when
         # join_wait_s says (no probes, no release).
-        self.small = join_pacing and numel < SMALL_WORDS and len(self._bounds) <= 2
+        self.join_pacing = join_pacing and numel < SMALL_WORDS and len(self._bounds) <= 2   # in effect
         self._period_ns = -1
         self._finished = False
         self._completed: Deque[Tick] = collections.deque()
@@ -536,7 +536,7 @@ class Ticker:
         return decode_meta(buffers.get_words(send, self.numel, self._meta_words), self.size)
 
     def _await_join(self, fallback: float):
-        """Small payloads: wait until this rank should join the next tick (join_wait_s, re-evaluated whenever the
+        """Join pacing: wait until this rank should join the next tick (join_wait_s, re-evaluated whenever the
         training thread changes what it will do next: a push or a finish joins at once, a gate re-decides);
         without a prediction until `fallback` (monotonic; tick_s pacing)."""
         with self._lock:
@@ -563,7 +563,7 @@ class Ticker:
         if value != self._gated:
             with self._lock:
                 self._gated = value
-                if self.small:          # join pacing re-decides when to join (probe pacing waits as it planned)
+                if self.join_pacing:   # it re-decides when to join (probe pacing waits as it planned)
                     self._lock.notify_all()
 
     def _reduce(self, buf, name: str):
@@ -581,7 +581,7 @@ class Ticker:
             while True:
                 if self._spare is None and self._returned:   # zero the next spare now, off the release's path
                     self._spare = self._zeroed_buffer()
-                if self.small:
+                if self.join_pacing:
                     self._await_join(last + idle_s)
                 else:
                     wait = last + idle_s - time.monotonic()
@@ -592,7 +592,7 @@ class Ticker:
                 with self._lock:
                     self._wake = False
                 last = time.monotonic()
-                full = self.small or release_now or (numel < CHUNK_WORDS and sum(recent) >= BUSY)
+                full = self.join_pacing or release_now or (numel < CHUNK_WORDS and sum(recent) >= BUSY)
                 release_now = False
                 if full and self._spare is None:
                     self._spare = self._zeroed_buffer()
@@ -662,7 +662,7 @@ class Ticker:
                 if done:
                     return
                 pending += int(meta[:, STREAM].sum())
-                predicted = None if self.small else next_probe_s(meta, self.hold_fraction)
+                predicted = None if self.join_pacing else next_probe_s(meta, self.hold_fraction)
                 if predicted is not None:
                     idle_s = max(self.tick_s, predicted)
                 else:

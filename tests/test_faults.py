@@ -89,11 +89,14 @@ def test_a_rank_killed_during_finish_is_named_at_once(launcher, policy):
 
 # Item 2 of the issue: a collective of the script's own inside a zipline loop. Rank 0 (slow) is held at a barrier
 # that needs more pushes from rank 1, which waits in the script's hvd.allreduce at its step 5 for rank 0: no rank
-# progresses while both heartbeats are alive. Both ranks print the line naming rank 1 and what to do.
+# progresses while both heartbeats are alive. Both ranks print the line naming rank 1 and what to do. Lookahead 2
+# makes the hold certain: rank 1 passes a barrier at most every 2 steps, so rank 0 (20x slower) is held at one that
+# needs rank 1 past its step 5; with the default 15 the first barrier could fall after rank 0's step 5 (seen once).
 @pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
 def test_a_user_collective_that_deadlocks_zipline_is_named(launcher):
     res, after_fault = _run(launcher, "zipline", "collective", step=5, target=400,
-                            extra={"TEST_FAULT_RANK": "*", "HVD_ELASTIC_EMULATE_DELAY": "0:0.2,1:0.01"})
+                            extra={"TEST_FAULT_RANK": "*", "HVD_ELASTIC_EMULATE_DELAY": "0:0.2,1:0.01",
+                                   "HVD_ELASTIC_LOOKAHEAD": "2"})
     needles = ("rank 1 stopped making progress: blocked in the script's own code", "after step 5",
                "rank 0 waits in the zipline gate", "after finish(opt)")
     _plugin_line_of_rank0(res, *needles)

@@ -25,11 +25,11 @@ class Result:
     timed_out: bool
 
     def lines_with(self, text):
-        return [l for l in self.output.splitlines() if text in l]
+        return [ln for ln in self.output.splitlines() if text in ln]
 
     def rank_lines(self):
         """Lines printed by the ranks (the launchers prefix them: '[1]<stderr>:' or '[1,0]<stderr>:')."""
-        return [l for l in self.output.splitlines() if re.match(r"^\[\d+(,\d+)?\]<std(out|err)>:", l)]
+        return [ln for ln in self.output.splitlines() if re.match(r"^\[\d+(,\d+)?\]<std(out|err)>:", ln)]
 
 
 def command(launcher, np, script, args=()):

@@ -12,10 +12,10 @@ def _assert_every_rank_failed_with(res, np_, *needles):
     assert res.returncode != 0, res.output[-3000:]
     errors = res.lines_with("hvd_elastic: error:")
     for needle in needles:
-        errors = [l for l in errors if needle in l]
+        errors = [ln for ln in errors if needle in ln]
     assert len(errors) >= np_, f"expected the error on each of {np_} ranks, got:\n" + res.output[-3000:]
     # No traceback wall from the ranks (the launcher itself may print its own when it stops the job).
-    assert not [l for l in res.rank_lines() if "Traceback" in l], res.output[-3000:]
+    assert not [ln for ln in res.rank_lines() if "Traceback" in ln], res.output[-3000:]
 
 
 CASES = {

@@ -38,8 +38,8 @@ def test_quick_benchmark_writes_results_plots_and_table(tmp_path):
     out = tmp_path / "bench"
     proc = _bench(["--quick", "--frontends", "torch,keras", "--policies", "horovod,asp", "--out", str(out)])
     # progress: one line per job, numbered, with an estimate of what is left
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("[")]
-    assert [l.split("]")[0] for l in lines] == ["[1/3", "[2/3", "[3/3"]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[")]
+    assert [ln.split("]")[0] for ln in lines] == ["[1/3", "[2/3", "[3/3"]
     assert "2 jobs left: ~" in lines[0] and "0 jobs left" in lines[2], lines
     data = json.load(open(out / "results.json"))
     assert data["task"] == "digits" and data["global_steps"] == 64

@@ -31,11 +31,11 @@ def test_horovod_optimizer_properties(policy):
     for check in CHECKS:
         assert res.lines_with(f"check {check}: ok"), (check, out[-4000:])
     assert res.lines_with("end of script"), out[-3000:]
-    at_exit = [l for l in res.rank_lines() if "without hvd_elastic.torch.finish(opt)" in l]
+    at_exit = [ln for ln in res.rank_lines() if "without hvd_elastic.torch.finish(opt)" in ln]
     if policy == "bsp":
         assert not at_exit, at_exit
     else:   # every rank says it once, in one line, and the exit is clean
-        assert len(at_exit) == 2 and all(f"policy {policy}" in l for l in at_exit), out[-3000:]
+        assert len(at_exit) == 2 and all(f"policy {policy}" in ln for ln in at_exit), out[-3000:]
     assert "Horovod has been shut down" not in out and "Traceback" not in out, out[-4000:]
     assert not re.search(r"RecursionError|same name as another tensor", out), out[-3000:]
 
@@ -45,7 +45,7 @@ def test_a_script_that_raises_leaves_its_relaxed_optimizer_unfinished_with_one_l
                  env={"HVD_ELASTIC_POLICY": "asp", "COMPAT_RAISE_AT_END": "1"}, timeout=BOUND_S)
     assert not res.timed_out, res.output[-3000:]
     assert res.returncode != 0
-    lines = [l for l in res.rank_lines() if "ended with RuntimeError before finish(opt)" in l]
+    lines = [ln for ln in res.rank_lines() if "ended with RuntimeError before finish(opt)" in ln]
     # The rank that raised says so; a rank still training then loses its peer (Horovod shuts down: its own line).
     assert len(lines) >= 1, res.output[-3000:]
 

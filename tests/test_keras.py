@@ -108,7 +108,7 @@ def test_bad_input_stops_every_rank_with_one_line(case, tmp_path):
     assert res.returncode != 0
     errors = res.lines_with("hvd_elastic: error:")
     for needle in needles:
-        errors = [l for l in errors if needle in l]
+        errors = [ln for ln in errors if needle in ln]
     assert len(errors) >= 2, res.output[-3000:]
-    assert not [l for l in res.rank_lines() if "Traceback" in l], res.output[-3000:]
+    assert not [ln for ln in res.rank_lines() if "Traceback" in ln], res.output[-3000:]
     assert not res.lines_with("config ok on rank")

@@ -1,4 +1,5 @@
-"""Horovod's synthetic benchmarks as examples of this repository (issue 13, item 6): examples/torch_synthetic_benchmark.py
+"""Horovod's synthetic benchmarks as examples of this repository (issue 13, item 6):
+examples/torch_synthetic_benchmark.py
 and examples/keras_synthetic_benchmark.py run on 2 ranks under every policy with real launchers (mpirun and
 horovodrun alternate), print positive finite img/sec figures, take the steps asked, and end with the plugin's
 report; Horovod's --fp16-allreduce works under bsp and is refused with one line elsewhere."""
@@ -34,21 +35,23 @@ def positive_finite(text):
 
 def check_benchmark_output(res, job, policy):
     # Per iteration (rank 0's rate): every iteration printed, each a positive finite number.
-    iters = [re.search(r"Iter #(\d+): " + NUMBER + " img/sec per rank", l) for l in res.lines_with("img/sec per rank")]
+    iters = [re.search(r"Iter #(\d+): " + NUMBER + " img/sec per rank", ln)
+             for ln in res.lines_with("img/sec per rank")]
     iters = [m for m in iters if m]
     assert [int(m.group(1)) for m in iters] == list(range(job["iters"])), res.output[-3000:]
     for m in iters:
         positive_finite(m.group(2))
-    per_rank = [re.search(r"Img/sec per rank: " + NUMBER + r" \+-" + NUMBER, l) for l in res.lines_with("Img/sec per rank:")]
-    total = [re.search(r"Total img/sec on 2 ranks: " + NUMBER + r" \+-" + NUMBER, l)
-             for l in res.lines_with("Total img/sec on")]
+    per_rank = [re.search(r"Img/sec per rank: " + NUMBER + r" \+-" + NUMBER, ln)
+                for ln in res.lines_with("Img/sec per rank:")]
+    total = [re.search(r"Total img/sec on 2 ranks: " + NUMBER + r" \+-" + NUMBER, ln)
+             for ln in res.lines_with("Total img/sec on")]
     assert len(per_rank) == 1 and per_rank[0] and len(total) == 1 and total[0], res.output[-3000:]
     mean, tot = positive_finite(per_rank[0].group(1)), positive_finite(total[0].group(1))
     assert math.isfinite(float(per_rank[0].group(2))) and float(per_rank[0].group(2)) >= 0
     assert abs(tot - NP * mean) <= 0.15, (mean, tot)        # the total is the sum of the 2 ranks' means
     # The plugin's end-of-run report, printed once by rank 0.
     assert len(res.lines_with(f"hvd_elastic report: policy={policy}, {NP} ranks")) == 1, res.output[-3000:]
-    assert not [l for l in res.rank_lines() if "Traceback" in l], res.output[-3000:]
+    assert not [ln for ln in res.rank_lines() if "Traceback" in ln], res.output[-3000:]
 
 
 def check_report(path, job, policy):
@@ -95,7 +98,8 @@ def test_synthetic_benchmark_runs_under_every_policy(framework, policy, tmp_path
         check_lbbsp(res, job)
 
 
-@pytest.mark.parametrize("framework, policy, launcher", [("torch", "asp", "horovodrun"), ("keras", "zipline", "mpirun")])
+@pytest.mark.parametrize("framework, policy, launcher",
+                         [("torch", "asp", "horovodrun"), ("keras", "zipline", "mpirun")])
 def test_fp16_allreduce_is_refused_with_one_line_under_a_relaxed_policy(framework, policy, launcher):
     job = TORCH if framework == "torch" else KERAS
     res = launch(launcher, NP, job["script"], args_of(job, "--fp16-allreduce"), env={"HVD_ELASTIC_POLICY": policy},
@@ -107,4 +111,4 @@ def test_fp16_allreduce_is_refused_with_one_line_under_a_relaxed_policy(framewor
     for line in errors:
         assert f"policy {policy}" in line and "compression" in line and "policy bsp" in line, line
     # (horovodrun itself prints its own traceback when a rank fails: only the ranks' lines count here.)
-    assert not [l for l in res.rank_lines() if "Traceback" in l or "img/sec" in l], res.output[-3000:]
+    assert not [ln for ln in res.rank_lines() if "Traceback" in ln or "img/sec" in ln], res.output[-3000:]

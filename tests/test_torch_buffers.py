@@ -95,7 +95,8 @@ def test_a_round_split_over_ticks_is_one_sgd_step(wd, damp, maximize):
             else:
                 step_with_momentum_share(opt, opt.step, k / n)
         errors[rule] = max(float((p - p_ref).detach().abs().max()),
-                           float((opt.state[p]["momentum_buffer"] - opt_ref.state[p_ref]["momentum_buffer"]).abs().max()))
+                           float((opt.state[p]["momentum_buffer"]
+                                  - opt_ref.state[p_ref]["momentum_buffer"]).abs().max()))
     if wd == 0.0:
         assert errors["round"] < 1e-12 < 1e-3 < errors["share"], errors       # exact, against a visible error
     else:   # weight decay is taken at each tick's weights (BSP: the round's first): exact up to lr x wd x a step

@@ -127,7 +127,7 @@ def test_zipline_from_intervals_equals_zipline_on_predicted_grid(workers, r):
     interval = [w[1] for w in workers]
     grid = N.predict_push_times(last, interval, r)
     assert grid.shape == (len(workers), r) and grid.dtype == np.int64
-    assert [list(row) for row in grid] == [[l + i * d for i in range(1, r + 1)] for l, d in workers]
+    assert [list(row) for row in grid] == [[ln + i * d for i in range(1, r + 1)] for ln, d in workers]
     assert N.zipline_barrier_from_intervals(last, interval, r) == N.zipline_barrier(grid)
 
 

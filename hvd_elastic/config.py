@@ -161,8 +161,8 @@ KNOBS = (
          "Relaxed policies, models under 256K parameters: probe: a metadata-only probe shows who has pushed, then "
          "a full tick carries the pushes; join: every tick is full and each rank's tick thread joins it when its "
          "own push or its peers' predicted pushes are due (one collective per round of pushes); auto (default): "
-         "join for asp and zipline when a rank waits for its own push before its next step "
-         "(HVD_ELASTIC_MAX_INFLIGHT=0), probe elsewhere (ssp, dssp, wbsp, MAX_INFLIGHT >= 1) (docs/design.md).",
+         "join where a rank waits for its own push before its next step (asp, ssp, dssp, zipline with "
+         "HVD_ELASTIC_MAX_INFLIGHT=0), probe elsewhere (wbsp, MAX_INFLIGHT >= 1) (docs/design.md).",
          ("asp", "ssp", "dssp", "zipline", "wbsp")),
     Knob("max_inflight", 0, _int_or_auto(0), "integer >= 0|auto",
          "Relaxed gradient policies: own pushes a rank may have in flight (not yet back in a tick) when it starts "

@@ -66,20 +66,16 @@ class Policy:
 
     AUTO_MAX_INFLIGHT = 4
 
-    # HVD_ELASTIC_TICK_PACING=auto joins for this policy when its ranks wait for their own push (MAX_INFLIGHT=0):
-    # True where nothing else holds a fast rank back (asp; zipline between barriers), so the compute the round trip
-    # took back turns into progress; False where the rule holds fast ranks for the slowest anyway (ssp, dssp:
-    # join pacing measured 0.70x of Horovod's time to target there under a straggler, probe 0.84x) and for wbsp
-    # (its upload overlaps the next step).
-    auto_join = False
-
     @property
     def join_pacing(self) -> bool:
-        """HVD_ELASTIC_TICK_PACING, with auto resolved (see auto_join). From the settings alone: every rank agrees."""
+        """HVD_ELASTIC_TICK_PACING, with auto resolved: join where a rank waits for its own push before its next
+        step (gradient updates, MAX_INFLIGHT=0), so the tick's round trip is on its critical path and one
+        collective per round of pushes beats probe -> release -> full tick; probe elsewhere (wbsp's upload, or
+        pushes allowed in flight, overlap the next step). From the settings alone, so every rank agrees."""
         pacing = self.cfg.tick_pacing
         if pacing != "auto":
             return pacing == "join"
-        return self.auto_join and self.cfg.max_inflight == 0
+        return not self.updates.local_step and self.cfg.max_inflight == 0
 
     @property
     def compensation(self) -> str:
@@ -157,7 +153,6 @@ class Asp(Policy):
     """Asynchronous parallel: push every step, apply every tick, never wait (staleness unbounded)."""
 
     name = "asp"
-    auto_join = True
     fresh_reads = True
 
 
@@ -278,7 +273,6 @@ class Zipline(Policy):
     stops where it is: a forced barrier). All of it is a function of the tick stream, so every rank agrees."""
 
     name = "zipline"
-    auto_join = True
     DIGEST_WORDS = 1 << 20   # weights hashed per barrier for the replica check (barrier_digest)
 
     def attach(self, engine):

@@ -90,19 +90,3 @@ def test_readme_knob_table_matches_the_code():
         assert k.variable in rows, f"{k.variable} missing from the README knobs table"
         assert rows[k.variable] == shown, f"README default of {k.variable} is {rows[k.variable]!r}, code {shown!r}"
     assert set(rows) == {k.variable for k in KNOBS}
-
-
-@pytest.mark.parametrize("env,join", [
-    ({"HVD_ELASTIC_POLICY": "asp"}, True),                                        # auto: waits for its own push
-    ({"HVD_ELASTIC_POLICY": "zipline"}, True),
-    ({"HVD_ELASTIC_POLICY": "dssp", "HVD_ELASTIC_MAX_INFLIGHT": "1"}, False),     # a push may be in flight
-    ({"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_MAX_INFLIGHT": "auto"}, False),
-    ({"HVD_ELASTIC_POLICY": "wbsp"}, False),                                      # delta updates: probe
-    ({"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_TICK_PACING": "probe"}, False),  # explicit settings win
-    ({"HVD_ELASTIC_POLICY": "wbsp", "HVD_ELASTIC_TICK_PACING": "join"}, True),
-])
-def test_tick_pacing_auto_joins_where_a_rank_waits_for_its_own_push(env, join):
-    from hvd_elastic.engine.policies import make_policy
-    cfg = Config.from_env(env)
-    assert cfg.tick_pacing == env.get("HVD_ELASTIC_TICK_PACING", "auto")
-    assert make_policy(cfg).join_pacing is join

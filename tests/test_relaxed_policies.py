@@ -165,7 +165,7 @@ def test_join_pacing_keeps_the_invariants_with_every_tick_full(policy, tmp_path)
     each rank's thread decides when to join. Every push applied once everywhere, identical replicas, zipline's
     barriers identical on every rank (a poll counted from "now" instead of from the tick hung zipline at its first
     barrier: this run would time out), and fewer ticks than probes would take: measured per push of the fastest
-    rank, 1.9-2.1 ticks with join pacing, 3.9-4.0 with probe pacing (this worker's 2 ms steps are shorter than
+    rank, 1.9-2.1 ticks with join pacing, 3.9-4.0 with the default probes (this worker's 2 ms steps are shorter than
     a tick, so a round of pushes often takes two)."""
     env = {"HVD_ELASTIC_POLICY": policy, "HVD_ELASTIC_TICK_PACING": "join", "HVD_ELASTIC_LOOKAHEAD": "6",
            **STRAGGLER}

@@ -77,7 +77,7 @@ class SyncEngine:
         self.ticker = Ticker(numel, buffers, rank, size, allreduce_sum, tick_s=tick_s, epoch_ns=epoch_ns,
                              name=tick_name, hold_fraction=policy.cfg.peer_wait,
                              stream=stream and not self.updates.local_step,
-                             join_pacing=policy.join_pacing)
+                             join_pacing=policy.cfg.tick_pacing == "join")
         policy.attach(self)
 
     # ---- per step ----------------------------------------------------------------------------------------------

@@ -67,17 +67,6 @@ class Policy:
     AUTO_MAX_INFLIGHT = 4
 
     @property
-    def join_pacing(self) -> bool:
-        """HVD_ELASTIC_TICK_PACING, with auto resolved: join where a rank waits for its own push before its next
-        step (gradient updates, MAX_INFLIGHT=0), so the tick's round trip is on its critical path and one
-        collective per round of pushes beats probe -> release -> full tick; probe elsewhere (wbsp's upload, or
-        pushes allowed in flight, overlap the next step). From the settings alone, so every rank agrees."""
-        pacing = self.cfg.tick_pacing
-        if pacing != "auto":
-            return pacing == "join"
-        return not self.updates.local_step and self.cfg.max_inflight == 0
-
-    @property
     def compensation(self) -> str:
         return self.cfg.staleness_compensation
 

@@ -31,6 +31,12 @@ class Result:
         """Lines printed by the ranks (the launchers prefix them: '[1]<stderr>:' or '[1,0]<stderr>:')."""
         return [ln for ln in self.output.splitlines() if re.match(r"^\[\d+(,\d+)?\]<std(out|err)>:", ln)]
 
+    def stderr_of(self, *ranks):
+        """Lines printed to stderr by the given ranks ('[1]<stderr>:' under horovodrun, '[1,1]<stderr>:' under
+        mpirun)."""
+        wanted = "|".join(str(r) for r in ranks)
+        return [ln for ln in self.output.splitlines() if re.match(rf"^\[(\d+,)?({wanted})\]<stderr>:", ln)]
+
 
 def command(launcher, np, script, args=()):
     script = script if os.path.isabs(script) else os.path.join(ROOT, script)

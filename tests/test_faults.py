@@ -41,8 +41,7 @@ def _run(launcher, policy, fault, step, target=100000, delay=0.02, extra=None):
 
 def _plugin_line_of_rank0(res, *needles, traceback_ok=False):
     """The plugin's line printed by the live rank 0 (launcher prefix '[0]<stderr>:' or '[1,0]<stderr>:')."""
-    lines = [ln for ln in res.output.splitlines()
-             if re.match(r"^\[(\d+,)?0\]<stderr>:", ln) and "hvd_elastic: error:" in ln]
+    lines = [ln for ln in res.stderr_of(0) if "hvd_elastic: error:" in ln]
     lines = [ln for ln in lines if all(n in ln for n in needles)]
     assert len(lines) == 1, f"expected one line from rank 0 with {needles}:\n" + res.output[-3000:]
     assert traceback_ok or not [ln for ln in res.rank_lines() if "Traceback" in ln], res.output[-3000:]
@@ -100,8 +99,7 @@ def test_a_user_collective_that_deadlocks_zipline_is_named(launcher):
     needles = ("rank 1 stopped making progress: blocked in the script's own code", "after step 5",
                "rank 0 waits in the zipline gate", "after finish(opt)")
     _plugin_line_of_rank0(res, *needles)
-    rank1 = [ln for ln in res.output.splitlines() if re.match(r"^\[(\d+,)?1\]<stderr>:", ln)
-             and all(n in ln for n in needles)]
+    rank1 = [ln for ln in res.stderr_of(1) if all(n in ln for n in needles)]
     assert len(rank1) == 1, "rank 1 (alive) must print the line too:\n" + res.output[-3000:]
     assert TIMEOUT_S - 1.5 <= after_fault < TIMEOUT_S + SLACK_S, after_fault
 

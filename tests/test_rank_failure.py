@@ -23,8 +23,7 @@ def test_a_killed_rank_stops_every_rank_with_a_message_naming_it(launcher, tmp_p
     # The plugin's own line names it too (its heartbeat connection closed: hvd_elastic/watchdog.py), printed by a
     # live rank; more fault cases in tests/test_faults.py. Under mpirun the launcher may kill the live ranks first
     # (3 busy ranks on 2 cores here: it won about one run in two), so the line is required under horovodrun only.
-    plugin = [ln for ln in res.rank_lines() if re.match(r"^\[(\d+,)?[01]\]<stderr>:", ln)
-              and "hvd_elastic: error: rank 2 lost" in ln]
+    plugin = [ln for ln in res.stderr_of(0, 1) if "hvd_elastic: error: rank 2 lost" in ln]
     # Under horovodrun Gloo's own reaction (a reset connection shuts Horovod down) can also beat the heartbeat: the
     # live rank then stops on its tick thread's error, a line of the plugin too (seen once in the tenth session's CI).
     horovod_first = [ln for ln in res.rank_lines() if "hvd_elastic: error: tick thread failed: Horovod has been shut "

@@ -95,7 +95,6 @@ class Policy:
             return "wait"
         return "wait" if self.updates.align_peers and self.waits_for_peers(clock) else None
 
-    PEER_SPEED = PEER_SPEED   # a rank whose step time is within this factor of this rank's is a peer (ticker.py)
 
     def waits_for_peers(self, clock: int) -> bool:
         """Peer alignment (HVD_ELASTIC_PEER_WAIT): after its update is in, a rank waits -- at most that fraction
@@ -117,7 +116,7 @@ class Policy:
         mine_ran = clock - int(origin[self.rank])
         for q in range(view.size):
             if q != self.rank and not view.finished[q] and int(view.clocks[q] - origin[q]) < mine_ran \
-                    and 0 < view.interval_ns[q] <= self.PEER_SPEED * mine:
+                    and 0 < view.interval_ns[q] <= PEER_SPEED * mine:
                 return True
         return False
 

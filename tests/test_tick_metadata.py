@@ -61,7 +61,7 @@ def test_next_probe_is_the_earliest_predicted_event_in_each_rows_own_clock():
     assert abs(next_probe_s(held, hold_fraction=0.5) - 0.020) < 1e-9
 
 
-def test_release_holds_for_a_peer_due_within_the_window_and_never_for_a_straggler():
+def test_release_holds_for_a_peer_due_within_the_window_and_never_for_a_slower_rank():
     from hvd_elastic.engine.ticker import release
     ms = 1_000_000
     # rank 0 pending since t=100 ms (period 50 ms: hold 25 ms); rank 1 pushed at 60 ms, period 50 -> due at 110
@@ -77,10 +77,19 @@ def test_release_holds_for_a_peer_due_within_the_window_and_never_for_a_straggle
     # a rank that has begun streaming counts as pending
     assert not release(_table(dict(base, PENDING=[0, 0], STREAM=[1, 0])))
     # a rank that streams is due when its stream begins, LEAD_NS before its push: rank 1's push is due at 160 ms,
-    # after the window (130 ms); with a 40 ms stream it begins at 120 ms, inside it
-    slower = dict(base, PERIOD_NS=[50 * ms, 100 * ms])
+    # after the window (130 ms); with a 40 ms stream it begins at 120 ms, inside it (rank 1 is a peer by its step
+    # compute time, 45 ms vs 40: its longer period is waiting)
+    slower = dict(base, PERIOD_NS=[50 * ms, 100 * ms], INTERVAL_NS=[40 * ms, 45 * ms])
     assert release(_table(slower))
     assert not release(_table(dict(slower, LEAD_NS=[0, 40 * ms])))
+    # a rank more than PEER_SPEED slower than the fastest pusher is never held for, even when it is due within the
+    # window: here rank 1 (step compute 150 ms vs 40, due at 110 ms) -- by compute time, or by period while no
+    # compute time is measured
+    assert release(_table(dict(base, INTERVAL_NS=[40 * ms, 150 * ms])))
+    assert not release(_table(dict(base, INTERVAL_NS=[40 * ms, 50 * ms])))      # 1.25x: a peer, held for
+    assert release(_table(dict(base, PERIOD_NS=[50 * ms, 70 * ms], LAST_PUSH_NS=[50 * ms, 40 * ms])))
+    # a faster rank due within the window is held for: a slow rank's push waits for it (one tick for both)
+    assert not release(_table(dict(base, INTERVAL_NS=[120 * ms, 40 * ms])))
     # a rank held at its gate (a barrier, a staleness bound) pushes only after a tick opens it: never waited for
     assert release(_table(dict(base, GATED=[0, 1])))
     assert not release(_table(dict(base, GATED=[0, 0])))

@@ -98,13 +98,22 @@ def _next_start_ns(meta: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return meta[rows, LAST_PUSH_NS] + meta[rows, PERIOD_NS] - np.maximum(meta[rows, LEAD_NS], 0)
 
 
+def _step_ns(meta: np.ndarray) -> np.ndarray:
+    """Per row, how fast the rank is: its step compute time (INTERVAL_NS), or its push period while that is not
+    measured. (The period includes waiting, which converges the ranks' periods where they wait for each other.)"""
+    return np.where(meta[:, INTERVAL_NS] > 0, meta[:, INTERVAL_NS], meta[:, PERIOD_NS])
+
+
 def release(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> bool:
     """After a probe with this table: send the pending pushes in a full tick now (True) or probe again (False).
     Now, unless some rank with nothing pending is due to push within the hold window and the oldest pending push
-    has waited less than that window. A rank held at its gate (GATED) is never due: it pushes only after a tick
-    opens its gate, so holding for it only delays that tick (under zipline, every barrier by the hold: measured 21
-    ms median from the last push of a barrier to its delivery, 0.9 of a step). A function of the table only: every
-    rank decides the same."""
+    has waited less than that window. Only a rank at most PEER_SPEED slower than the fastest pusher is held for
+    (a peer, or a faster rank): a push is never held for a slower rank, as peer alignment never waits for one
+    (policies.py) -- under asp with a straggler due within a fast rank's window, that hold was on the fast ranks'
+    critical path (they wait for their own push). A rank held at its gate (GATED) is never due: it pushes only after
+    a tick opens its gate, so holding for it only delays that tick (under zipline, every barrier by the hold:
+    measured 21 ms median from the last push of a barrier to its delivery, 0.9 of a step). A function of the table
+    only: every rank decides the same."""
     pending = _pending_rows(meta)
     if not pending.any():
         return False
@@ -115,8 +124,9 @@ def release(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> bool:
     now = float(meta[:, NOW_NS].max())
     if now - float(meta[pending, PENDING_SINCE_NS].min()) >= hold:
         return True
+    step = _step_ns(meta)
     idle = ~pending & (meta[:, FINISHED] == 0) & (meta[:, PERIOD_NS] > 0) & (meta[:, LAST_PUSH_NS] >= 0) \
-        & (meta[:, GATED] <= 0)
+        & (meta[:, GATED] <= 0) & (step <= PEER_SPEED * float(step[pending].min()))
     due = _next_start_ns(meta, idle) <= now + hold   # its next push (or stream) starts within the window
     return not due.any()
 

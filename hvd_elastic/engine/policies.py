@@ -95,7 +95,6 @@ class Policy:
             return "wait"
         return "wait" if self.updates.align_peers and self.waits_for_peers(clock) else None
 
-
     def waits_for_peers(self, clock: int) -> bool:
         """Peer alignment (HVD_ELASTIC_PEER_WAIT): after its update is in, a rank waits -- at most that fraction
         of its own step time -- for the updates of its peers (ranks about as fast as it is: step time within

@@ -180,7 +180,7 @@ def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float =
     if not live.any() or (meta[live, PERIOD_NS] <= 0).any() or (meta[live, LAST_PUSH_NS] < 0).any():
         return None
     period = meta[:, PERIOD_NS].astype(np.float64)
-    speed = np.where(meta[:, INTERVAL_NS] > 0, meta[:, INTERVAL_NS], meta[:, PERIOD_NS]).astype(np.float64)
+    speed = _step_ns(meta).astype(np.float64)
     rel = (meta[:, LAST_PUSH_NS] + meta[:, PERIOD_NS]).astype(np.float64) - now_ns
     overdue = live & (rel < -hold_fraction * period)
     on_time = live & ~overdue

@@ -507,8 +507,8 @@ def markdown(cells: List[Dict], target: float, opts, images: List[str], img_pref
            f"x the rank's factor ({opts.sample_ms * opts.batch:g} ms a step at speed 1; sleep; the H profiles' "
            f"extra per step scales with it). {runs}: a seed sets model initialization and batch order; the "
            f"data is fixed): medians, with the min-max over the seeds in parentheses.", "",
-           f"Time to {target:g}: wall seconds until the test accuracy of rank 0's model (under wbsp the published "
-           f"global model) *stays* at or above {target:g}: the first evaluation from which every later one, the "
+           f"Time to {target:g}: wall seconds until the test accuracy of rank 0's model (under wbsp the global "
+           f"model W) *stays* at or above {target:g}: the first evaluation from which every later one, the "
            f"final one after the final synchronization included, is too (snapshots every {opts.eval_every} local "
            f"steps of rank 0, evaluated after training). 'not reached' when the median run never got there; the "
            f"reached column counts the runs that did. Gradients to {target:g}: global steps at that point (statistical "

@@ -11,7 +11,7 @@ backward), a sleep of ``step_delay + sample_delay x batch`` scaled by the jitter
 (hvd_elastic.emulation).
 
 Evaluation is kept out of the timed loop: every --eval-every local steps rank 0 only takes a snapshot (a copy of the
-flat trainable parameters, the wall time and the global step; under wbsp the published global model instead of its
+flat trainable parameters, the wall time and the global step; under wbsp the global model W instead of its
 local copy), and evaluates the snapshots after training and finish(). It writes the JSON result: the accuracy curve
 (wall seconds, global steps, accuracy) from the initial model (0 s, step 0) to the final one after the final
 synchronization (identical weights on every rank), and the end-of-run report.
@@ -97,11 +97,11 @@ def main():
 
     if policy == "wbsp":
         # the global model W the ranks download (trainable parameters flattened in model.parameters() order);
-        # publish() overwrites it in place, the copy keeps this snapshot's values
+        # every tick updates it in place, the copy keeps this snapshot's values
         updates = opt._hvd_elastic.engine.updates
 
         def weights():
-            return updates.published.detach().to(torch.float32).clone()
+            return updates.global_model.detach().to(torch.float32).clone()
     else:
         def weights():
             return torch.cat([p.detach().reshape(-1) for p in params])

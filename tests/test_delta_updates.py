@@ -1,4 +1,4 @@
-"""DeltaUpdates (wbsp's update kind) on the reference numpy buffers: the arithmetic of upload, publish and download,
+"""DeltaUpdates (wbsp's update kind) on the reference numpy buffers: the arithmetic of upload and download,
 in particular that a download keeps this rank's own upload that is still on its way into the global model."""
 import types
 
@@ -41,7 +41,7 @@ class _Rank:
 
 
 @pytest.mark.parametrize("inplace", [False, True])
-def test_download_keeps_the_own_upload_not_yet_in_the_published_model(inplace):
+def test_download_keeps_the_own_upload_not_yet_in_the_global_model(inplace):
     r = _Rank([1.0, 2.0, 3.0], inplace=inplace)
     r.w += [0.1, 0.0, 0.0]                 # local step 1
     d1 = r.upload()
@@ -50,24 +50,23 @@ def test_download_keeps_the_own_upload_not_yet_in_the_published_model(inplace):
     other = np.array([0.0, 0.4, 0.0])      # another rank's delta, in the same tick as d1
     r.updates.apply(d1 + other, 2)         # W += sum / n
     r.engine.applied_contributions = 2
-    r.updates.publish()
     r.w += [0.0, 0.0, 0.2]                 # local step 2, uploaded; its tick has not come back
     d2 = r.upload()
     np.testing.assert_allclose(d2, [0.0, 0.0, 0.2])
     r.updates.download(keep_latest=True)
-    published = np.array([1.05, 2.2, 3.0])
-    np.testing.assert_allclose(r.updates.published, published)
-    np.testing.assert_allclose(r.w, published + d2)      # not the published model alone: step 2 is kept
-    assert r.engine.applied_at_read == 3                 # the published model's 2 updates + its own
+    w_model = np.array([1.05, 2.2, 3.0])
+    np.testing.assert_allclose(r.updates.global_model, w_model)   # a download leaves W as it is
+    np.testing.assert_allclose(r.w, w_model + d2)        # not W alone: step 2 is kept
+    assert r.engine.applied_at_read == 3                 # W's 2 updates + its own
     # the next upload is the delta since the download only: d2 is not sent twice
     r.w += [0.0, 0.05, 0.0]
     np.testing.assert_allclose(r.upload(), [0.0, 0.05, 0.0])
-    # once W holds every upload, a plain download is exactly the published model
+    # once W holds every upload, a plain download is exactly W
     r.updates.apply(d2 + np.array([0.0, 0.05, 0.0]), 2)
     r.engine.applied_contributions = 4
-    r.updates.publish()
     r.updates.download()
-    np.testing.assert_allclose(r.w, published + (d2 + [0.0, 0.05, 0.0]) / 2)
+    np.testing.assert_allclose(r.w, w_model + (d2 + [0.0, 0.05, 0.0]) / 2)
+    assert r.engine.applied_at_read == 4
     c = r.engine.telemetry.counters
     assert c["downloads"] == 2 and c["downloads_keeping_own"] == 1, c
 
@@ -77,8 +76,7 @@ def test_plain_download_replaces_the_weights_and_resets_the_delta(inplace):
     r = _Rank([0.0, 0.0], inplace=inplace)
     r.w += [1.0, -1.0]
     r.upload()
-    r.updates.publish()                    # the upload is not in W yet, and the rank drops it from its weights
-    r.updates.download(keep_latest=False)
+    r.updates.download(keep_latest=False)  # the upload is not in W yet, and the rank drops it from its weights
     np.testing.assert_allclose(r.w, [0.0, 0.0])
     r.w += [0.5, 0.0]
     np.testing.assert_allclose(r.upload(), [0.5, 0.0])   # measured from the downloaded model

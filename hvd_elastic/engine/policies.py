@@ -326,13 +326,13 @@ class Zipline(Policy):
 
 class Wbsp(Policy):
     """Worker-busy synchronous parallel (Yang et al. 2024): every rank trains its own copy and uploads each step's
-    model delta; the global model W (W += delta / n) is published only at ticks where it holds an upload of the
-    slowest rank newer than the last published one, and a rank downloads it at its next step boundary once the
-    slowest has uploaded since its last download (native WbspState). The slowest rank is measured (longest median of
-    its last SLOWEST_HISTORY iteration times: one descheduled iteration of a fast rank does not make it the
-    slowest), so it may change during a run; publishing on "the current slowest's latest upload is in W"
-    keeps every download consistent even then. Fast ranks never wait for slow ones: with overlap a rank has at
-    most one upload in flight, without it none (it waits for its own upload to land: communication)."""
+    model delta; every rank keeps the global model W (W += delta / n per tick), and a rank downloads W at its next
+    step boundary once W holds an upload of the slowest rank newer than its last download (native WbspState) -- as
+    a parameter server answers a pull with its current model. The slowest rank is measured (longest median of its
+    last SLOWEST_HISTORY iteration times: one descheduled iteration of a fast rank does not make it the slowest), so
+    it may change during a run; gating each download on "the current slowest's upload is in W" keeps every download
+    fresh even then. Fast ranks never wait for slow ones: with overlap a rank has at most one upload in flight,
+    without it none (it waits for its own upload to land: communication)."""
 
     name = "wbsp"
     fresh_reads = True      # unchanged by the push point: wbsp has no backward push, and no s = 0 case
@@ -349,9 +349,8 @@ class Wbsp(Policy):
         self.state = _native.WbspState(n)
         self.intervals = Intervals(n, None, history=self.SLOWEST_HISTORY)   # fed from the tick stream
         self.slowest = -1
-        self.publishes = 0
-        self.published_clocks = np.zeros(n, np.int64)    # uploads of each rank inside the published model
-        self.downloaded_clocks = np.zeros(n, np.int64)   # ... inside the model this rank downloaded last
+        self.slowest_uploads = 0   # ticks that brought W an upload of the then slowest rank (downloads may follow)
+        self.downloaded_clocks = np.zeros(n, np.int64)   # uploads of each rank inside the W this rank downloaded last
         self.stale_downloads = 0   # downloads that brought no new upload of the slowest: must stay 0 (invariant 7)
 
     def on_tick(self, tick, view):
@@ -362,26 +361,24 @@ class Wbsp(Policy):
         # While any rank's iteration time is unmeasured nobody can be named slowest: -1 makes the gate wait for
         # every rank's upload (a safe, BSP-like start).
         self.slowest = self.intervals.clocks.slowest_by_median_interval() if (view.interval_ns >= 0).all() else -1
-        fresh = (view.clocks[self.slowest] > self.published_clocks[self.slowest]) if self.slowest >= 0 \
-            else bool(uploaded)
-        if fresh:
-            self.engine.updates.publish()
-            self.publishes += 1
-            self.published_clocks = view.clocks.copy()
+        if self.slowest >= 0 and self.slowest in uploaded:
+            self.slowest_uploads += 1
 
     def on_proceed(self, clock: int):
         super().on_proceed(clock)
         if self.state.may_download(self.rank, self.slowest):
-            if self.slowest >= 0 and self.published_clocks[self.slowest] <= self.downloaded_clocks[self.slowest]:
+            in_w = self.engine.view.clocks
+            if self.slowest >= 0 and in_w[self.slowest] <= self.downloaded_clocks[self.slowest]:
                 self.stale_downloads += 1
-            self.downloaded_clocks = self.published_clocks.copy()
+            self.downloaded_clocks = in_w.copy()
             # with overlap the upload just made may still be on its way into W (at most one: max_inflight)
-            self.engine.updates.download(keep_latest=self.engine.pushed - self.published_clocks[self.rank] == 1)
+            self.engine.updates.download(keep_latest=self.engine.pushed - int(in_w[self.rank]) == 1)
             self.state.on_download(self.rank)
 
     def finish(self):
         super().finish()
-        self.engine.telemetry.counters.update({"wbsp_publishes": self.publishes, "wbsp_slowest_rank": self.slowest,
+        self.engine.telemetry.counters.update({"wbsp_slowest_uploads": self.slowest_uploads,
+                                               "wbsp_slowest_rank": self.slowest,
                                                "wbsp_stale_downloads": self.stale_downloads})
 
 

@@ -6,8 +6,8 @@ and the engine (engine.py) holds one instance, so no code asks which kind it run
   in tick order -- the parameter server's role,
   played by every rank, so weights and optimizer state stay identical everywhere.
 - :class:`DeltaUpdates` (wbsp): each rank trains its own copy with its own optimizer (a local step, then the push)
-  and pushes model deltas; the engine keeps the global model W (W += tick sum / n), which the policy publishes and
-  a rank downloads into its copy.
+  and pushes model deltas; the engine keeps the global model W (W += tick sum / n), which a rank downloads into its
+  copy when the policy says so.
 
 Both work on the frontend's buffers (engine/buffers.py) and the callbacks the frontend gives the engine.
 """
@@ -53,14 +53,16 @@ class GradientUpdates:
 
 
 class DeltaUpdates:
-    """Push model deltas of this rank's own copy; keep, publish and download the global model.
+    """Push model deltas of this rank's own copy; keep the global model and download it.
 
-    Buffers: the global model W, the published W, and ``base`` -- the weights the next delta is measured from (those
-    of the last upload or download). A step's upload adds weights - base into the send buffer straight from the
-    parameters; base moves to the uploaded weights at the end of the step (:meth:`proceeding`), or a download in that
-    step rewrites both. Per step 3 model-sized passes (2 for the upload, 1 to move base); a download that keeps the
-    rank's latest upload 3 instead of that 1. (A frontend without in-place access to its parameters -- TensorFlow's
-    -- goes through read_params / write_params and one flat scratch buffer more.)"""
+    Buffers: the global model W and ``base`` -- the weights the next delta is measured from (those of the last upload
+    or download). A download reads W as it stands at the rank's step boundary (the policy decides when: once W holds
+    the upload it waits for), so no second, published copy of W is kept. A step's upload adds weights - base into
+    the send buffer straight from the parameters; base moves to the uploaded weights at the end of the step
+    (:meth:`proceeding`), or a download in that step rewrites both. Per step 3 model-sized passes (2 for the upload,
+    1 to move base); a download that keeps the rank's latest upload 3 instead of that 1. (A frontend without
+    in-place access to its parameters -- TensorFlow's -- goes through read_params / write_params and one flat
+    scratch buffer more.)"""
 
     local_step = True
     replicated = False    # optimizer state is per rank by design
@@ -85,8 +87,6 @@ class DeltaUpdates:
         self.read_params_into(self.global_model)
         self.base = b.clone(self.global_model)        # what the next delta is measured from
         self._base_behind = False                      # an upload was made since base last moved
-        self.published = b.clone(self.global_model)   # W as of the last downloadable tick
-        self.published_applied = 0                    # updates inside `published`
 
     def _add_to_params_by_copy(self, src, alpha: float):
         """add_to_params for a frontend without in-place access: through a flat scratch copy (made once)."""
@@ -119,37 +119,28 @@ class DeltaUpdates:
             self.read_params_into(self.base)
             self._base_behind = False
 
-    def publish(self):
-        """The current global model becomes the one downloads see (the policy decides when)."""
-        e = self.engine
-        e.buffers.copy_(self.published, self.global_model)
-        self.published_applied = e.applied_contributions
-        e.telemetry.count("publishes")
-
     def download(self, keep_latest: bool = False):
-        """Replace this rank's weights by the last published global model (time counted as computation).
+        """Replace this rank's weights by the global model W (time counted as computation).
         keep_latest: this rank's latest upload (made in this step: the weights are still the uploaded ones) is not in
-        that model yet (it is still on its way into W): keep it in the weights, which then are the published model
-        + that delta (weights - base), instead of undoing the rank's own last step until a later download brings it
-        back."""
+        W yet (it is still on its way): keep it in the weights, which then are W + that delta (weights - base),
+        instead of undoing the rank's own last step until a later download brings it back."""
         e, b = self.engine, self.engine.buffers
         t0 = time.perf_counter()
         if keep_latest:
             if not self._base_behind:
                 raise RuntimeError("download(keep_latest=True) without an upload since base last moved")
-            b.add_(self.base, self.published, -1.0)      # base - published ...
-            self.add_to_params(self.base, -1.0)          # ... off the weights: published + (weights - base)
+            b.add_(self.base, self.global_model, -1.0)   # base - W ...
+            self.add_to_params(self.base, -1.0)          # ... off the weights: W + (weights - base)
             self.read_params_into(self.base)
         else:
-            self.write_params(self.published)
-            b.copy_(self.base, self.published)
+            self.write_params(self.global_model)
+            b.copy_(self.base, self.global_model)
         self._base_behind = False
-        e.applied_at_read = self.published_applied + int(keep_latest)
+        e.applied_at_read = e.applied_contributions + int(keep_latest)
         e.telemetry.count("downloads")
         if keep_latest:
             e.telemetry.count("downloads_keeping_own")
         e.busy_s += time.perf_counter() - t0
 
     def finish(self):
-        self.publish()
         self.download()

@@ -349,7 +349,6 @@ class Wbsp(Policy):
         self.state = _native.WbspState(n)
         self.intervals = Intervals(n, None, history=self.SLOWEST_HISTORY)   # fed from the tick stream
         self.slowest = -1
-        self.slowest_uploads = 0   # ticks that brought W an upload of the then slowest rank (downloads may follow)
         self.downloaded_clocks = np.zeros(n, np.int64)   # uploads of each rank inside the W this rank downloaded last
         self.stale_downloads = 0   # downloads that brought no new upload of the slowest: must stay 0 (invariant 7)
 
@@ -361,8 +360,6 @@ class Wbsp(Policy):
         # While any rank's iteration time is unmeasured nobody can be named slowest: -1 makes the gate wait for
         # every rank's upload (a safe, BSP-like start).
         self.slowest = self.intervals.clocks.slowest_by_median_interval() if (view.interval_ns >= 0).all() else -1
-        if self.slowest >= 0 and self.slowest in uploaded:
-            self.slowest_uploads += 1
 
     def on_proceed(self, clock: int):
         super().on_proceed(clock)
@@ -377,8 +374,7 @@ class Wbsp(Policy):
 
     def finish(self):
         super().finish()
-        self.engine.telemetry.counters.update({"wbsp_slowest_uploads": self.slowest_uploads,
-                                               "wbsp_slowest_rank": self.slowest,
+        self.engine.telemetry.counters.update({"wbsp_slowest_rank": self.slowest,
                                                "wbsp_stale_downloads": self.stale_downloads})
 
 

@@ -82,14 +82,20 @@ def main():
                 for idx in sampler:
                     yield torch.as_tensor(idx)
     else:
-        shard = torch.arange(rank, len(x_tr), size)
+        # A Horovod user's sampler. LbbspSampler draws the same permutation, so at equal batch sizes every policy
+        # sees the same global batches in the same order (until the twenty-first session each rank shuffled its own
+        # fixed strided shard, and lbbsp's order differed from everyone else's).
+        sampler = torch.utils.data.DistributedSampler(range(len(x_tr)), num_replicas=size, rank=rank,
+                                                      shuffle=True, seed=args.seed, drop_last=True)
 
         def batches():
-            g = torch.Generator().manual_seed(1000 * (args.seed + 1) + rank)
+            epoch = 0
             while True:
-                for chunk in shard[torch.randperm(len(shard), generator=g)].split(args.batch_size):
+                sampler.set_epoch(epoch)
+                for chunk in torch.tensor(list(sampler)).split(args.batch_size):
                     if len(chunk) == args.batch_size:
                         yield chunk
+                epoch += 1
 
     def global_steps(local):
         # in steps of --batch-size samples (an lbbsp step of B samples counts `size` of them)

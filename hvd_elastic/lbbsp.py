@@ -240,8 +240,9 @@ class BatchPlan:
     """Which samples each rank takes at each step of an epoch, under policy lbbsp (used by the frontends' data
     paths: ``hvd_elastic.torch.LbbspSampler``, ``hvd_elastic.keras.lbbsp_dataset``).
 
-    Each epoch shuffles ``range(dataset_len)`` with ``seed + epoch`` (numpy's default generator: the same order on
-    every rank; no shuffle with ``shuffle=False``). Step i of the epoch takes positions ``[i B, (i+1) B)`` of that
+    Each epoch shuffles ``range(dataset_len)`` with ``permutation(dataset_len, seed + epoch)`` (default: numpy's
+    default generator; the torch frontend passes torch's ``randperm``, the permutation of torch's
+    DistributedSampler): the same order on every rank; no shuffle with ``shuffle=False``. Step i of the epoch takes positions ``[i B, (i+1) B)`` of that
     order; rank p takes the ``b_p`` of them at offset ``sum_{q<p} b_q``, with the sizes decided after the previous
     step. The remainder ``dataset_len % B`` is dropped (``drop_last=True``) or the last global batch is completed
     from the start of the order (``drop_last=False``: every sample at least once). Each pass uses the epoch set by
@@ -249,7 +250,8 @@ class BatchPlan:
     previous step is done, so drawing ahead of the steps (prefetching) raises HvdElasticError."""
 
     def __init__(self, dataset_len: int, controller: Callable[[], LbbspController], seed: int = 0,
-                 drop_last: bool = True, shuffle: bool = True):
+                 drop_last: bool = True, shuffle: bool = True,
+                 permutation: Optional[Callable[[int, int], np.ndarray]] = None):
         self.n = int(dataset_len)
         self._controller = controller          # a callable: the frontend's current controller
         self.B = controller().batch_size
@@ -258,6 +260,7 @@ class BatchPlan:
                               f"HVD_ELASTIC_GLOBAL_BATCH={self.B}: lower the global batch or use more data")
         self.seed, self.drop_last, self.shuffle = int(seed), bool(drop_last), bool(shuffle)
         self.epoch = 0                         # the next pass's epoch
+        self._permutation = permutation or (lambda n, seed: np.random.default_rng(seed).permutation(n))
 
     def set_epoch(self, epoch: int):
         self.epoch = int(epoch)
@@ -270,7 +273,7 @@ class BatchPlan:
         """The epoch's shared order of sample indices (identical on every rank); global batch i is positions
         [i B, (i+1) B). With drop_last=False it is completed to a multiple of B from its own start."""
         if self.shuffle:
-            order = np.random.default_rng(self.seed + epoch).permutation(self.n)
+            order = np.asarray(self._permutation(self.n, self.seed + epoch))
         else:
             order = np.arange(self.n)
         if not self.drop_last and self.n % self.B:

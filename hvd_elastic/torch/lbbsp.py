@@ -130,12 +130,20 @@ def _controller(optimizer) -> LbbspController:
     return ctl
 
 
+def _distributed_sampler_permutation(n: int, seed: int):
+    """torch.utils.data.DistributedSampler's shuffle of range(n) for seed + epoch = `seed`."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed)).numpy()
+
+
 class LbbspSampler(torch.utils.data.Sampler):
     """Batch sampler for policy lbbsp: ``DataLoader(ds, batch_sampler=LbbspSampler(len(ds), opt))``.
 
-    Step i of an epoch takes the next B indices of one shuffled order shared by all ranks (``seed + epoch``) and
-    this rank yields its ``b_p`` of them, with the sizes the optimizer decided after the previous step; so across
-    ranks an epoch covers every sample exactly once (see :class:`hvd_elastic.lbbsp.BatchPlan`). The remainder
+    Step i of an epoch takes the next B indices of one shuffled order shared by all ranks and this rank yields its
+    ``b_p`` of them, with the sizes the optimizer decided after the previous step; so across ranks an epoch covers
+    every sample exactly once (see :class:`hvd_elastic.lbbsp.BatchPlan`). The order is torch's
+    ``DistributedSampler``'s (``torch.randperm`` seeded with ``seed + epoch``): while the sizes are equal, step i
+    takes the same global batch as B / n-sample batches from ``DistributedSampler(ds, seed=seed)`` on every rank, so
+    a job that switches between lbbsp and Horovod's usual sampler keeps its data order. The remainder
     ``dataset_len % B`` is dropped (``drop_last=True``) or the last global batch is completed from the start of the
     order (``drop_last=False``, as torch's DistributedSampler pads). The epoch advances by one at each new
     iteration unless :meth:`set_epoch` is called.
@@ -147,7 +155,8 @@ class LbbspSampler(torch.utils.data.Sampler):
     def __init__(self, dataset_len, optimizer, seed: int = 0, drop_last: bool = True, shuffle: bool = True):
         ctl = _controller(optimizer)
         n = int(dataset_len if isinstance(dataset_len, int) else len(dataset_len))
-        self.plan = BatchPlan(n, lambda: ctl, seed=seed, drop_last=drop_last, shuffle=shuffle)
+        self.plan = BatchPlan(n, lambda: ctl, seed=seed, drop_last=drop_last, shuffle=shuffle,
+                              permutation=_distributed_sampler_permutation)
         self.B = self.plan.B
 
     def set_epoch(self, epoch: int):

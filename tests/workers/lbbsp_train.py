@@ -77,6 +77,21 @@ def check(args):
             indices.append(mine)
     report = opt.finish()
     # Drawing a second batch before stepping the first (what DataLoader workers' prefetching does) is refused.
+    # The sampler's order is torch's DistributedSampler's: equal-sized batches of B / n from DistributedSampler on
+    # each rank make up the same global batches (as sets) at every full step of the epoch.
+    b = sampler.B // hvd.size()
+    same_as_ds = []
+    for epoch in range(args.epochs):
+        per_rank = []
+        for p in range(hvd.size()):
+            ds_sampler = torch.utils.data.DistributedSampler(range(len(ds)), num_replicas=hvd.size(), rank=p,
+                                                             shuffle=True, seed=11, drop_last=not args.pad)
+            ds_sampler.set_epoch(epoch)
+            per_rank.append(list(ds_sampler))
+        order = sampler.order(epoch).tolist()
+        same_as_ds.append(all(sorted(order[i * sampler.B:(i + 1) * sampler.B])
+                              == sorted(j for p in range(hvd.size()) for j in per_rank[p][i * b:(i + 1) * b])
+                              for i in range(len(ds) // sampler.B)))
     it, prefetch_error = iter(sampler), ""
     next(it)
     try:
@@ -84,7 +99,7 @@ def check(args):
     except hvde_errors.HvdElasticError as e:
         prefetch_error = str(e)
     return {"steps": steps, "indices": indices, "grad_err": grad_err, "grad_checked": checked,
-            "prefetch_error": prefetch_error,
+            "prefetch_error": prefetch_error, "same_batches_as_distributed_sampler": same_as_ds,
             "weights_sha256": hashlib.sha256(flat(model).tobytes()).hexdigest(), "report": report,
             "steps_per_epoch": len(sampler)}
 

@@ -305,7 +305,26 @@ def aggregate(rows: List[Dict]) -> List[Dict]:
             t = c["time_to_target_s"]["median"]
             c["speedup"]["median"] = ref_t / t if t else None
         c["wall_speedup"] = ref_w / c["wall_s"]["median"] if ref_w and c["wall_s"]["median"] else None
+        c["paired_speedup"] = paired_speedup(
+            [r for r in rows if (r["frontend"], r["profile"], r["policy"]) ==
+             (c["frontend"], c["profile"], reference_policy(c["frontend"]))],
+            [r for r in rows if (r["frontend"], r["profile"], r["policy"]) ==
+             (c["frontend"], c["profile"], c["policy"])])
     return out
+
+
+def paired_speedup(ref_runs: List[Dict], runs: List[Dict]) -> Optional[Dict]:
+    """Speed-up seed for seed: the reference's time to target / this run's, for each seed both ran (a seed fixes
+    the initialization and the data order of every arm, so the pair differs only by the policy). A run that never
+    reached counts 0.0; seeds on which the reference never reached are left out. Median and min-max over the
+    seeds, or None when no seed pairs."""
+    ref = {r["seed"]: r["time_to_target_s"] for r in ref_runs}
+    ratios = [0.0 if r["time_to_target_s"] is None else ref[r["seed"]] / r["time_to_target_s"]
+              for r in runs if ref.get(r["seed"]) and r["time_to_target_s"] != 0]
+    if not ratios:
+        return None
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "n": len(ratios),
+            "missing": 0}
 
 
 def median_run(rs: List[Dict]) -> Dict:
@@ -513,7 +532,10 @@ def markdown(cells: List[Dict], target: float, opts, images: List[str], img_pref
            f"steps of rank 0, evaluated after training). 'not reached' when the median run never got there; the "
            f"reached column counts the runs that did. Gradients to {target:g}: global steps at that point (statistical "
            f"efficiency, apart from throughput). Speed-up: plain Horovod's median time to {target:g} / the policy's "
-           f"(range: over the policy's runs). Final accuracy: mean of the last {FINAL_EVALS} evaluations "
+           f"(range: over the policy's runs). Same-seed speed-up: per seed, plain Horovod's time / the policy's "
+           f"(a seed fixes the initialization and the data order of every arm: torch's DistributedSampler, whose "
+           f"permutation LbbspSampler draws too), median and min-max over the seeds; a run that never reached "
+           f"counts 0. Final accuracy: mean of the last {FINAL_EVALS} evaluations "
            f"('diverged': non-finite final weights). "
            f"Staleness: gradients applied between the weights a gradient was computed on and its application "
            f"(mean / p90 / max over all ranks' updates, median over the seeds; 0 for the synchronous policies by "
@@ -529,15 +551,16 @@ def markdown(cells: List[Dict], target: float, opts, images: List[str], img_pref
             sel = [c for c in cells if c["frontend"] == fe and c["profile"] == prof]
             ref = reference_policy(fe)
             out += [f"### {fe}, {prof}: {PROFILES[prof][0]}", "",
-                     f"| policy | reached | time to {target:g} s | speed-up vs {ref} | gradients to {target:g} | "
-                     f"final accuracy | wall s | wall speed-up | staleness mean / p90 / max | "
-                     f"fast ranks' compute / wait |",
-                     "|---|---|---|---|---|---|---|---|---|---|"]
+                     f"| policy | reached | time to {target:g} s | speed-up vs {ref} | same-seed speed-up | "
+                     f"gradients to {target:g} | final accuracy | wall s | wall speed-up | "
+                     f"staleness mean / p90 / max | fast ranks' compute / wait |",
+                     "|---|---|---|---|---|---|---|---|---|---|---|"]
             for c in sel:
                 t = c["time_to_target_s"]
                 div = f" ({c['diverged']} diverged)" if c.get("diverged") else ""
                 out.append(f"| {c['policy']} | {t['n'] - t['missing']}/{t['n']}{div} | {_ms(t)} | "
-                           f"{_ms(c['speedup'], '.2f', 'x')} | {_ms(c['time_to_target_steps'], '.0f')} | "
+                           f"{_ms(c['speedup'], '.2f', 'x')} | {_ms(c.get('paired_speedup'), '.2f', 'x')} | "
+                           f"{_ms(c['time_to_target_steps'], '.0f')} | "
                            f"{_ms(c['final_accuracy'], '.4f')} | {_ms(c['wall_s'])} | "
                            f"{_fmt(c['wall_speedup'])}{'x' if c['wall_speedup'] else ''} | "
                            f"{_staleness(c)} | {100 * c['fast_compute_share']:.0f}% / "
@@ -832,7 +855,7 @@ def _flatten(c: Dict) -> Dict:
         if isinstance(v, dict):
             for kk, vv in v.items():
                 out[f"{k}_{kk}"] = vv
-        elif v is None and k in ("staleness", "speedup"):
+        elif v is None and k in ("staleness", "speedup", "paired_speedup"):
             continue
         else:
             out[k] = _csv(v)

@@ -163,6 +163,10 @@ def test_median_and_spread_over_seeds():
     assert asp["speedup"]["median"] == 2.0                          # Horovod's median 10 s / asp's median 5 s
     assert (asp["speedup"]["min"], asp["speedup"]["max"], asp["speedup"]["missing"]) == (2.0, 2.5, 1)
     assert asp["wall_s"]["median"] == 10.0 and asp["wall_speedup"] == 2.1
+    # seed for seed: 10 / 5 and 8 / 4; the run that never reached counts 0
+    pa, ph = asp["paired_speedup"], hvd["paired_speedup"]
+    assert (pa["median"], pa["min"], pa["max"], pa["n"]) == (2.0, 0.0, 2.0, 3)
+    assert ph["median"] == ph["min"] == ph["max"] == 1.0
     assert asp["staleness"] == {"mean": 2.0, "p90": 3, "max": 6}
     assert asp["median_seed"] == 0 and hvd["median_seed"] == 0     # the runs drawn in the accuracy plots
     # a relaxed run whose report has no staleness: '-' (None), never a failure

@@ -242,12 +242,13 @@ class BatchPlan:
 
     Each epoch shuffles ``range(dataset_len)`` with ``permutation(dataset_len, seed + epoch)`` (default: numpy's
     default generator; the torch frontend passes torch's ``randperm``, the permutation of torch's
-    DistributedSampler): the same order on every rank; no shuffle with ``shuffle=False``. Step i of the epoch
-    takes positions ``[i B, (i+1) B)`` of that order; rank p takes the ``b_p`` of them at offset
-    ``sum_{q<p} b_q``, with the sizes decided after the previous step. The remainder ``dataset_len % B`` is dropped (``drop_last=True``) or the last global batch is completed
-    from the start of the order (``drop_last=False``: every sample at least once). Each pass uses the epoch set by
-    :meth:`set_epoch` or else the previous pass's epoch + 1 (0 first). A batch's size is only known once the
-    previous step is done, so drawing ahead of the steps (prefetching) raises HvdElasticError."""
+    DistributedSampler): the same order on every rank; no shuffle with ``shuffle=False``. Step i of the epoch takes
+    positions ``[i B, (i+1) B)`` of that order; rank p takes the ``b_p`` of them at offset ``sum_{q<p} b_q``, with
+    the sizes decided after the previous step. The remainder ``dataset_len % B`` is dropped (``drop_last=True``) or
+    the last global batch is completed from the start of the order (``drop_last=False``: every sample at least
+    once). Each pass uses the epoch set by :meth:`set_epoch` or else the previous pass's epoch + 1 (0 first). A
+    batch's size is only known once the previous step is done, so drawing ahead of the steps (prefetching) raises
+    HvdElasticError."""
 
     def __init__(self, dataset_len: int, controller: Callable[[], LbbspController], seed: int = 0,
                  drop_last: bool = True, shuffle: bool = True,

@@ -77,8 +77,7 @@ class SyncEngine:
         self.ticker = Ticker(numel, buffers, rank, size, allreduce_sum, tick_s=tick_s, epoch_ns=epoch_ns,
                              name=tick_name, hold_fraction=policy.cfg.peer_wait,
                              stream=stream and not self.updates.local_step,
-                             join_pacing=policy.cfg.tick_pacing == "join",
-                             held_pacing=policy.cfg.tick_pacing == "held")
+                             join_pacing=policy.cfg.tick_pacing == "join")
         policy.attach(self)
 
     # ---- per step ----------------------------------------------------------------------------------------------
@@ -236,7 +235,6 @@ class SyncEngine:
         self.telemetry.counters.update({
             "ticks": self.ticker.ticks, "nonempty_ticks": self.ticker.nonempty_ticks,
             "payload_collectives": self.ticker.payload_collectives, "bytes_reduced": self.ticker.bytes_reduced,
-            "held_ticks": self.ticker.held_ticks,
             "streamed_pushes": self.ticker.streamed,
             "tick_comm_s": round(self.ticker.comm_s, 3), "pushed": self.pushed,
             "applied_contributions": self.applied_contributions, **self.staleness.counters()})

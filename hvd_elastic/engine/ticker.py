@@ -263,7 +263,7 @@ class Ticker:
                  allreduce_sum: Callable[[list, str], None],
                  tick_s: float = 0.005, max_idle_s: float = 0.01, epoch_ns: int = 0,
                  name: str = "hvd_elastic.tick", hold_fraction: float = HOLD_FRACTION, stream: bool = False,
-                 join_pacing: bool = False, held_pacing: bool = False):
+                 join_pacing: bool = False):
         if not hasattr(buffers, "zeros"):          # a dtype: numpy buffers
             buffers = NumpyBuffers(buffers)
         self.numel, self.buffers, self.rank, self.size = numel, buffers, rank, size
@@ -298,12 +298,6 @@ class Ticker:
         # Join pacing (HVD_ELASTIC_TICK_PACING=join), small payloads: every tick full, each thread joining when
         # join_wait_s says (no probes, no release).
         self.join_pacing = join_pacing and numel < SMALL_WORDS and len(self._bounds) <= 2   # in effect
-        # Held pacing (HVD_ELASTIC_TICK_PACING=held), small payloads: every tick full, but what a tick brings stays
-        # held (summed into _held) until the release rule says the pushes would have been released (_hold).
-        self.held_pacing = held_pacing and not self.join_pacing and numel < SMALL_WORDS and len(self._bounds) <= 2
-        self._held = None                                # the held payloads' sum (a buffer), or None
-        self._held_counts = np.zeros(size, np.int64)     # per rank, pushes inside _held
-        self._held_since = np.full(size, -1, np.int64)   # per rank, PENDING_SINCE_NS of its first held push
         self._period_ns = -1
         self._finished = False
         self._completed: Deque[Tick] = collections.deque()
@@ -318,7 +312,6 @@ class Ticker:
         self.ticks = 0
         self.nonempty_ticks = 0
         self.payload_collectives = 0   # model-sized allreduces (metadata-only ticks move none)
-        self.held_ticks = 0            # held pacing: ticks that brought pushes and delivered nothing (held)
         self.streamed = 0              # own pushes a tick took as streams (read during backward)
         self.bytes_reduced = 0
         self.comm_s = 0.0
@@ -583,54 +576,6 @@ class Ticker:
                 if self.join_pacing:   # it re-decides when to join (probe pacing waits as it planned)
                     self._lock.notify_all()
 
-    def _hold(self, meta: np.ndarray, send):
-        """Held pacing, after a full tick: add what it brought to the held sum, then decide from the table -- as a
-        probe's release() would with the held pushes as pending -- whether to deliver the held sum now. Returns
-        the table the training thread sees and the buffer it applies (None: nothing delivered). A held tick looks
-        to the training thread like a probe (COUNT 0, CLOCK without the held pushes, PENDING the held ones), and
-        a delivering one like the full tick a release would have sent after it: the same deliveries as probe
-        pacing, one collective sooner (probe -> release -> full tick becomes full tick -> deliver). Every rank
-        holds the same tables, so every rank delivers at the same tick."""
-        counts = meta[:, COUNT]
-        buffers = self.buffers
-        if counts.any():
-            fresh = (counts > 0) & (self._held_counts == 0)
-            self._held_since[fresh] = meta[fresh, PENDING_SINCE_NS]
-            self._held_counts += counts
-            if self._held is None:
-                self._held = send
-            else:
-                buffers.add_(buffers.head(self._held, self.numel), buffers.head(send, self.numel))
-                self._give_back(send)
-        elif send is not None:   # an empty tick's buffer summed zeros: it stays a zeroed spare
-            if self._spare is None:
-                self._spare = send
-            else:
-                self._give_back(send)
-        held = self._held_counts
-        table = meta.copy()
-        table[:, COUNT] = 0
-        table[:, CLOCK] = meta[:, CLOCK] - held
-        table[:, PENDING] = held
-        table[:, PENDING_SINCE_NS] = np.where(held > 0, self._held_since, -1)
-        if not held.any() or not release(table, self.hold_fraction):
-            self.held_ticks += int(bool(counts.any()))
-            return table, None
-        table[:, COUNT] = held
-        table[:, CLOCK] = meta[:, CLOCK]
-        table[:, PENDING] = 0
-        table[:, PENDING_SINCE_NS] = -1
-        out, self._held = self._held, None
-        self._held_counts = np.zeros(self.size, np.int64)
-        self._held_since = np.full(self.size, -1, np.int64)
-        return table, out
-
-    def _give_back(self, buf):
-        """A buffer the tick thread no longer needs: zeroed later for reuse (up to POOL_LIMIT), else dropped."""
-        with self._lock:
-            if len(self._returned) < POOL_LIMIT:
-                self._returned.append(buf)
-
     def _reduce(self, buf, name: str):
         self._allreduce_sum([buf], name)
         self.bytes_reduced += self.buffers.nbytes(buf)
@@ -657,8 +602,7 @@ class Ticker:
                 with self._lock:
                     self._wake = False
                 last = time.monotonic()
-                full = self.join_pacing or self.held_pacing or release_now or \
-                    (numel < CHUNK_WORDS and sum(recent) >= BUSY)
+                full = self.join_pacing or release_now or (numel < CHUNK_WORDS and sum(recent) >= BUSY)
                 release_now = False
                 if full and self._spare is None:
                     self._spare = self._zeroed_buffer()
@@ -676,8 +620,7 @@ class Ticker:
                         if stream is not None:
                             member, stream.state = stream, _Stream.TAKEN
                         else:
-                            since = self._pending_since_ns if count and self.held_pacing else -1
-                            self._encode_row(index, count, clock, 0, since, 0)
+                            self._encode_row(index, count, clock, 0, -1, 0)
                     else:               # probe: deliver nothing, announce what is pending
                         since = [t for t in (self._pending_since_ns if count else -1,
                                              stream.since_ns if stream is not None else -1) if t >= 0]
@@ -694,8 +637,6 @@ class Ticker:
                     meta = decode_meta(buffers.get_words(carrier, offset, self._meta_words), self.size)
                 if not (meta[:, SEQ] == index).all():
                     raise TickerError(f"ranks are out of step at tick {index}: {meta[:, SEQ].tolist()}")
-                if self.held_pacing:
-                    meta, send = self._hold(meta, send)
                 total = int(meta[:, COUNT].sum())
                 pending = int(meta[:, PENDING].sum())
                 if full:                        # a model-sized allreduce, even when nobody pushed into it
@@ -712,7 +653,7 @@ class Ticker:
                     if total:
                         self.nonempty_ticks += 1
                     self.delivered_total += total
-                    if full and (total or not self.held_pacing):   # a held tick delivers nothing yet
+                    if full:
                         self.mean_count += 0.2 * (total - self.mean_count)
                     self.in_flight = False
                     delivered = int(meta[self.rank, CLOCK])

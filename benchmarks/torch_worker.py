@@ -3,13 +3,13 @@
 ``python -m benchmarks`` with mpirun or horovodrun. Not a user API.
 
 The policy comes from HVD_ELASTIC_POLICY (set by the driver), or ``--impl horovod`` for plain
-``horovod.torch.DistributedOptimizer`` (the reference; timed here with the plugin's Telemetry, the same split as
-bsp). The optimizer is what a Horovod user writes: SGD(lr = per-rank lr x ranks, momentum). --seed sets the model's
+``horovod.torch.DistributedOptimizer`` (the reference; timed here with the plugin's Telemetry, the same split as bsp).
+The optimizer is what a Horovod user writes: SGD(lr = per-rank lr x ranks, momentum). --seed sets the model's
 initialization and the batch order (the data set is fixed): torch's DistributedSampler for every policy but lbbsp,
-whose LbbspSampler draws the same permutation, so at equal batch sizes every arm of a seed sees the same batches. The profile's emulated slowness is injected here, the
-same way for every policy: between forward and backward (before the gradient exists, so before a push at the end of
-backward), a sleep of ``step_delay + sample_delay x batch`` scaled by the jitter / non-dedicated factors
-(hvd_elastic.emulation).
+whose LbbspSampler draws the same permutation, so at equal batch sizes every arm of a seed sees the same batches. The
+profile's emulated slowness is injected here, the same way for every policy: between forward and backward (before the
+gradient exists, so before a push at the end of backward), a sleep of ``step_delay + sample_delay x batch`` scaled by
+the jitter / non-dedicated factors (hvd_elastic.emulation).
 
 Evaluation is kept out of the timed loop: every --eval-every local steps rank 0 only takes a snapshot (a copy of the
 flat trainable parameters, the wall time and the global step; under wbsp the global model W instead of its

@@ -5,7 +5,7 @@
 - the applied gradient equals one process's gradient over the same global batch (rank 0 recomputes it);
 - under a 3x straggler (per-sample emulated delay) the sizes approach the speed ratio and the fast ranks' wait
   share falls well below bsp's with the same straggler; when the straggler recovers the sizes follow;
-- the sampler's order is torch's DistributedSampler's (at equal sizes the same global batches);
+- the sampler's order is torch's DistributedSampler's (whatever the sizes, the same global batches);
 - drawing batches ahead of the steps (DataLoader workers prefetching) is refused;
 - bad input (B below the number of ranks, caps that cannot hold B, a dataset smaller than B) stops every rank with
   one line.
@@ -89,7 +89,7 @@ def run_check_case(worker_run, case, tmp_path, grad_atol):
 def test_sizes_sum_to_B_each_sample_once_per_epoch_and_gradient_is_the_global_batch_gradient(case, tmp_path):
     ranks = run_check_case(_run, case, tmp_path, grad_atol=1e-6)
     assert all("num_workers must be 0" in r["prefetch_error"] for r in ranks)
-    # torch: the order is DistributedSampler's, so at equal sizes the global batches are the usual sampler's
+    # torch: the order is DistributedSampler's, so whatever the sizes the global batches are the usual sampler's
     assert all(r["same_batches_as_distributed_sampler"] == [True, True] for r in ranks)
 
 

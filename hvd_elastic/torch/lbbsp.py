@@ -141,9 +141,10 @@ class LbbspSampler(torch.utils.data.Sampler):
     Step i of an epoch takes the next B indices of one shuffled order shared by all ranks and this rank yields its
     ``b_p`` of them, with the sizes the optimizer decided after the previous step; so across ranks an epoch covers
     every sample exactly once (see :class:`hvd_elastic.lbbsp.BatchPlan`). The order is torch's
-    ``DistributedSampler``'s (``torch.randperm`` seeded with ``seed + epoch``): while the sizes are equal, step i
-    takes the same global batch as B / n-sample batches from ``DistributedSampler(ds, seed=seed)`` on every rank, so
-    a job that switches between lbbsp and Horovod's usual sampler keeps its data order. The remainder
+    ``DistributedSampler``'s (``torch.randperm`` seeded with ``seed + epoch``): whatever the sizes, step i takes the
+    same global batch (as a set of samples) as B / n-sample batches from ``DistributedSampler(ds, seed=seed)`` on
+    every rank, so lbbsp's gradient is the one Horovod averages on that order, up to rounding, and a job that
+    switches between lbbsp and Horovod's usual sampler keeps its data order. The remainder
     ``dataset_len % B`` is dropped (``drop_last=True``) or the last global batch is completed from the start of the
     order (``drop_last=False``, as torch's DistributedSampler pads). The epoch advances by one at each new
     iteration unless :meth:`set_epoch` is called.

@@ -77,8 +77,8 @@ def check(args):
             indices.append(mine)
     report = opt.finish()
     # Drawing a second batch before stepping the first (what DataLoader workers' prefetching does) is refused.
-    # The sampler's order is torch's DistributedSampler's: equal-sized batches of B / n from DistributedSampler on
-    # each rank make up the same global batches (as sets) at every full step of the epoch.
+    # The sampler's order is torch's DistributedSampler's: batches of B / n from DistributedSampler on each rank
+    # make up the same global batches (as sets) at every full step of the epoch, whatever lbbsp's sizes.
     b = sampler.B // hvd.size()
     same_as_ds = []
     for epoch in range(args.epochs):

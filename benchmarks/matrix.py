@@ -298,18 +298,15 @@ def aggregate(rows: List[Dict]) -> List[Dict]:
                     (c["frontend"], c["profile"], reference_policy(c["frontend"]))), None)
         ref_t = ref["time_to_target_s"]["median"] if ref else None
         ref_w = ref["wall_s"]["median"] if ref else None
-        mine = [r["time_to_target_s"] for r in rows if (r["frontend"], r["profile"], r["policy"]) ==
-                (c["frontend"], c["profile"], c["policy"])]
+        runs = cells[(c["frontend"], c["profile"], c["policy"])]
+        mine = [r["time_to_target_s"] for r in runs]
         c["speedup"] = spread([ref_t / t if ref_t and t else None for t in mine]) if ref_t else None
         if c["speedup"] is not None:   # the median speed-up is the ratio of the medians (not the median of ratios)
             t = c["time_to_target_s"]["median"]
             c["speedup"]["median"] = ref_t / t if t else None
         c["wall_speedup"] = ref_w / c["wall_s"]["median"] if ref_w and c["wall_s"]["median"] else None
         c["paired_speedup"] = paired_speedup(
-            [r for r in rows if (r["frontend"], r["profile"], r["policy"]) ==
-             (c["frontend"], c["profile"], reference_policy(c["frontend"]))],
-            [r for r in rows if (r["frontend"], r["profile"], r["policy"]) ==
-             (c["frontend"], c["profile"], c["policy"])])
+            cells.get((c["frontend"], c["profile"], reference_policy(c["frontend"])), []), runs)
     return out
 
 
@@ -559,7 +556,7 @@ def markdown(cells: List[Dict], target: float, opts, images: List[str], img_pref
                 t = c["time_to_target_s"]
                 div = f" ({c['diverged']} diverged)" if c.get("diverged") else ""
                 out.append(f"| {c['policy']} | {t['n'] - t['missing']}/{t['n']}{div} | {_ms(t)} | "
-                           f"{_ms(c['speedup'], '.2f', 'x')} | {_ms(c.get('paired_speedup'), '.2f', 'x')} | "
+                           f"{_ms(c['speedup'], '.2f', 'x')} | {_ms(c['paired_speedup'], '.2f', 'x')} | "
                            f"{_ms(c['time_to_target_steps'], '.0f')} | "
                            f"{_ms(c['final_accuracy'], '.4f')} | {_ms(c['wall_s'])} | "
                            f"{_fmt(c['wall_speedup'])}{'x' if c['wall_speedup'] else ''} | "

@@ -77,7 +77,7 @@ class SyncEngine:
         self.ticker = Ticker(numel, buffers, rank, size, allreduce_sum, tick_s=tick_s, epoch_ns=epoch_ns,
                              name=tick_name, hold_fraction=policy.cfg.peer_wait,
                              stream=stream and not self.updates.local_step,
-                             join_pacing=policy.cfg.tick_pacing == "join")
+                             pacing=policy.cfg.tick_pacing)
         policy.attach(self)
 
     # ---- per step ----------------------------------------------------------------------------------------------
@@ -234,7 +234,8 @@ class SyncEngine:
         self.telemetry.wait_s += time.perf_counter() - t0
         self.telemetry.counters.update({
             "ticks": self.ticker.ticks, "nonempty_ticks": self.ticker.nonempty_ticks,
-            "payload_collectives": self.ticker.payload_collectives, "bytes_reduced": self.ticker.bytes_reduced,
+            "payload_collectives": self.ticker.payload_collectives,
+            "join_ticks": self.ticker.join_ticks, "bytes_reduced": self.ticker.bytes_reduced,
             "streamed_pushes": self.ticker.streamed,
             "tick_comm_s": round(self.ticker.comm_s, 3), "pushed": self.pushed,
             "applied_contributions": self.applied_contributions, **self.staleness.counters()})

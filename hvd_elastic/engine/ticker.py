@@ -84,6 +84,7 @@ SMALL_WORDS = 1 << 18      # payloads under this: every tick full, paced by join
 PEER_SPEED = 1.25          # a rank whose step compute time is within this factor of another's is its peer (peer
                            # alignment in policies.py, join groups in join_wait_s)
 STREAM_SPEED = 1.5        # a rank streams only while its push period is within this factor of the fastest rank's
+PACINGS = ("probe", "join", "auto")   # HVD_ELASTIC_TICK_PACING
 HOLD_FRACTION = 0.5        # default release hold, a fraction of the pushers' step period (HVD_ELASTIC_PEER_WAIT)
 
 
@@ -102,6 +103,18 @@ def _step_ns(meta: np.ndarray) -> np.ndarray:
     """Per row, how fast the rank is: its step compute time (INTERVAL_NS), or its push period while that is not
     measured. (The period includes waiting, which converges the ranks' periods where they wait for each other.)"""
     return np.where(meta[:, INTERVAL_NS] > 0, meta[:, INTERVAL_NS], meta[:, PERIOD_NS])
+
+
+def all_peers(meta: np.ndarray) -> bool:
+    """Every live rank's step compute time (_step_ns) is measured and within PEER_SPEED of every other's: nobody is
+    a straggler. Auto pacing joins ticks while this holds (equal speeds: one collective per round of pushes, every
+    peer waiting for its own push) and probes otherwise (a straggler's staleness grows with the fast ranks' pace,
+    docs/benchmarks.md). A function of the table only: every rank decides the same."""
+    live = meta[:, FINISHED] == 0
+    if not live.any():
+        return False
+    step = _step_ns(meta)[live]
+    return bool((step > 0).all() and step.max() <= PEER_SPEED * step.min())
 
 
 def release(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> bool:
@@ -263,7 +276,7 @@ class Ticker:
                  allreduce_sum: Callable[[list, str], None],
                  tick_s: float = 0.005, max_idle_s: float = 0.01, epoch_ns: int = 0,
                  name: str = "hvd_elastic.tick", hold_fraction: float = HOLD_FRACTION, stream: bool = False,
-                 join_pacing: bool = False):
+                 pacing: str = "probe"):
         if not hasattr(buffers, "zeros"):          # a dtype: numpy buffers
             buffers = NumpyBuffers(buffers)
         self.numel, self.buffers, self.rank, self.size = numel, buffers, rank, size
@@ -297,7 +310,14 @@ class Ticker:
         self._gated = False            # the training thread is held at its gate (GATED; see the property)
         # Join pacing (HVD_ELASTIC_TICK_PACING=join), small payloads: every tick full, each thread joining when
         # join_wait_s says (no probes, no release).
-        self.join_pacing = join_pacing and numel < SMALL_WORDS and len(self._bounds) <= 2   # in effect
+        # Auto (HVD_ELASTIC_TICK_PACING=auto): join pacing while the last table shows every live rank as a peer of
+        # every other (all_peers), probe pacing otherwise. Both in effect for small payloads only.
+        small = numel < SMALL_WORDS and len(self._bounds) <= 2
+        if pacing not in PACINGS:
+            raise ValueError(f"unknown tick pacing {pacing!r}; accepted: {'|'.join(PACINGS)}")
+        self.join_pacing = small and pacing == "join"
+        self.auto_pacing = small and pacing == "auto"
+        self.join_ticks = 0            # ticks paced by joins (join pacing, or auto while all ranks were peers)
         self._period_ns = -1
         self._finished = False
         self._completed: Deque[Tick] = collections.deque()
@@ -573,7 +593,7 @@ class Ticker:
         if value != self._gated:
             with self._lock:
                 self._gated = value
-                if self.join_pacing:   # it re-decides when to join (probe pacing waits as it planned)
+                if self.join_pacing or self.auto_pacing:   # it re-decides when to join (probes wait as planned)
                     self._lock.notify_all()
 
     def _reduce(self, buf, name: str):
@@ -591,7 +611,9 @@ class Ticker:
             while True:
                 if self._spare is None and self._returned:   # zero the next spare now, off the release's path
                     self._spare = self._zeroed_buffer()
-                if self.join_pacing:
+                join = self.join_pacing or (self.auto_pacing and self._last_meta is not None
+                                            and all_peers(self._last_meta))
+                if join:
                     self._await_join(last + idle_s)
                 else:
                     wait = last + idle_s - time.monotonic()
@@ -602,7 +624,7 @@ class Ticker:
                 with self._lock:
                     self._wake = False
                 last = time.monotonic()
-                full = self.join_pacing or release_now or (numel < CHUNK_WORDS and sum(recent) >= BUSY)
+                full = join or release_now or (numel < CHUNK_WORDS and sum(recent) >= BUSY)
                 release_now = False
                 if full and self._spare is None:
                     self._spare = self._zeroed_buffer()
@@ -649,6 +671,7 @@ class Ticker:
                 recent.append(total > 0 or release_now)   # a held probe is not busy: it waits for peers
                 with self._lock:
                     self.ticks += 1
+                    self.join_ticks += int(join)
                     self.comm_s += dt
                     if total:
                         self.nonempty_ticks += 1
@@ -672,7 +695,8 @@ class Ticker:
                 if done:
                     return
                 pending += int(meta[:, STREAM].sum())
-                predicted = None if self.join_pacing else next_probe_s(meta, self.hold_fraction)
+                join_next = self.join_pacing or (self.auto_pacing and all_peers(meta))
+                predicted = None if join_next else next_probe_s(meta, self.hold_fraction)
                 if predicted is not None:
                     idle_s = max(self.tick_s, predicted)
                 else:

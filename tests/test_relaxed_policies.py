@@ -179,3 +179,24 @@ def test_join_pacing_keeps_the_invariants_with_every_tick_full(policy, tmp_path)
     assert counters[0]["ticks"] < 3 * fastest, (counters[0]["ticks"], fastest)
     if policy == "zipline":
         assert counters[0]["barriers"] >= 5 and len({c["barrier_digest"] for c in counters}) == 1, counters
+
+
+@pytest.mark.parametrize("speeds", ["equal", "straggler"])
+def test_auto_pacing_joins_only_while_every_rank_is_a_peer(speeds, tmp_path):
+    """HVD_ELASTIC_TICK_PACING=auto (engine/ticker.py, all_peers): join pacing while the last tick's table shows every
+    live rank's step time within PEER_SPEED of every other's, probe pacing otherwise -- a decision every rank takes
+    from the same table, so both modes mix in one run without the ranks' collectives ever differing (a mismatch
+    fails the run: "ranks are out of step"). Equal speeds: nearly every tick joined (the first ones, before the
+    periods are measured, probe); rank 3 ten times slower: no joined tick while the four ranks run (the last ones,
+    once the fast ranks have finished and the straggler is the only live rank, may join)."""
+    delay = {"HVD_ELASTIC_EMULATE_DELAY": "*:0.004"} if speeds == "equal" else STRAGGLER
+    env = {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_TICK_PACING": "auto", **delay}
+    reports = _common_invariants(_run("mpirun", env, tmp_path), "asp")
+    counters = [rep["counters"] for rep in reports]
+    assert len({(c["ticks"], c["join_ticks"]) for c in counters}) == 1, counters   # the same decisions everywhere
+    ticks, joined = counters[0]["ticks"], counters[0]["join_ticks"]
+    if speeds == "equal":
+        assert joined > 0.8 * ticks, (joined, ticks)
+    else:
+        # a joined tick before the fast ranks finish would carry a fast rank's push beside the straggler's
+        assert joined < 0.2 * ticks, (joined, ticks)

@@ -85,6 +85,9 @@ PEER_SPEED = 1.25          # a rank whose step compute time is within this facto
                            # alignment in policies.py, join groups in join_wait_s)
 STREAM_SPEED = 1.5        # a rank streams only while its push period is within this factor of the fastest rank's
 PACINGS = ("probe", "join", "auto")   # HVD_ELASTIC_TICK_PACING
+AUTO_EXIT_SPEED = 1.5      # auto pacing leaves join pacing when a live rank is this much slower than another
+AUTO_JOIN_WAIT = 1.0       # auto pacing, joined ticks: a peer waits for its own push up to this fraction of a
+                           # period past its prediction (join_wait_s), where plain join waits the release hold
 HOLD_FRACTION = 0.5        # default release hold, a fraction of the pushers' step period (HVD_ELASTIC_PEER_WAIT)
 
 
@@ -105,16 +108,16 @@ def _step_ns(meta: np.ndarray) -> np.ndarray:
     return np.where(meta[:, INTERVAL_NS] > 0, meta[:, INTERVAL_NS], meta[:, PERIOD_NS])
 
 
-def all_peers(meta: np.ndarray) -> bool:
-    """Every live rank's step compute time (_step_ns) is measured and within PEER_SPEED of every other's: nobody is
-    a straggler. Auto pacing joins ticks while this holds (equal speeds: one collective per round of pushes, every
-    peer waiting for its own push) and probes otherwise (a straggler's staleness grows with the fast ranks' pace,
-    docs/benchmarks.md). A function of the table only: every rank decides the same."""
+def all_peers(meta: np.ndarray, factor: float = PEER_SPEED) -> bool:
+    """Every live rank's step compute time (_step_ns) is measured and within `factor` of every other's: nobody is a
+    straggler. Auto pacing starts joining ticks when this holds at PEER_SPEED and goes back to probes when it fails
+    at AUTO_EXIT_SPEED (hysteresis: one step's noise does not flip the mode). A function of the table only: every
+    rank decides the same."""
     live = meta[:, FINISHED] == 0
     if not live.any():
         return False
     step = _step_ns(meta)[live]
-    return bool((step > 0).all() and step.max() <= PEER_SPEED * step.min())
+    return bool((step > 0).all() and step.max() <= factor * step.min())
 
 
 def release(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> bool:
@@ -168,7 +171,8 @@ def next_probe_s(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> Opti
     return float(min(max(min(events), 0.0) / 1e9, QUIET_MAX_S))
 
 
-def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float = HOLD_FRACTION) -> Optional[float]:
+def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float = HOLD_FRACTION,
+                own_wait: Optional[float] = None) -> Optional[float]:
     """Small payloads (under SMALL_WORDS): every tick is full, and a tick fires when the last rank's thread joins it,
     so *when* each thread joins decides what a tick carries. This is how long this rank's thread waits before it
     joins the next tick, from the last tick's table with this rank's own row as it stands now (a push of its own
@@ -205,7 +209,7 @@ def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float =
         group = on_time & (speed <= PEER_SPEED * speed[first]) & (speed[first] <= PEER_SPEED * speed) \
             & (rel <= rel[first] + hold_fraction * period[first])
         if group[rank]:       # wait for the own push (an overdue rank's poll would only make it miss the tick)
-            deadline = rel[rank] + hold_fraction * float(period[group].min())
+            deadline = rel[rank] + (hold_fraction if own_wait is None else own_wait) * float(period[group].min())
             faster = on_time & ~group & (speed * PEER_SPEED < speed[first])
             events = [min(deadline, float(rel[faster].min())) if faster.any() else deadline]
         else:
@@ -576,7 +580,8 @@ class Ticker:
                     meta = meta.copy()      # this rank's own row as it stands now
                     meta[self.rank, [LAST_PUSH_NS, INTERVAL_NS, PERIOD_NS, GATED]] = \
                         (self._last_push_ns, self._interval_ns, self._period_ns, int(self._gated))
-                    wait = join_wait_s(meta, self.rank, self.now_ns(), self.hold_fraction)
+                    wait = join_wait_s(meta, self.rank, self.now_ns(), self.hold_fraction,
+                                       AUTO_JOIN_WAIT if self.auto_pacing else None)
                 left = (fallback - time.monotonic()) if wait is None else wait
                 if left <= 0:
                     return
@@ -606,13 +611,13 @@ class Ticker:
             index = 0
             last = 0.0
             release_now = False   # the last probe released the pending pushes: a full tick follows at once
+            joining = False       # auto pacing: the next tick is joined (all_peers on the tables so far)
             recent: Deque[bool] = collections.deque(maxlen=BUSY_WINDOW)   # non-empty flags of the last ticks
             buffers, numel = self.buffers, self.numel
             while True:
                 if self._spare is None and self._returned:   # zero the next spare now, off the release's path
                     self._spare = self._zeroed_buffer()
-                join = self.join_pacing or (self.auto_pacing and self._last_meta is not None
-                                            and all_peers(self._last_meta))
+                join = self.join_pacing or joining
                 if join:
                     self._await_join(last + idle_s)
                 else:
@@ -695,7 +700,9 @@ class Ticker:
                 if done:
                     return
                 pending += int(meta[:, STREAM].sum())
-                join_next = self.join_pacing or (self.auto_pacing and all_peers(meta))
+                if self.auto_pacing:   # hysteresis on the tables' sequence: the same on every rank
+                    joining = all_peers(meta, AUTO_EXIT_SPEED if joining else PEER_SPEED)
+                join_next = self.join_pacing or joining
                 predicted = None if join_next else next_probe_s(meta, self.hold_fraction)
                 if predicted is not None:
                     idle_s = max(self.tick_s, predicted)

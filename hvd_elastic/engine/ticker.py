@@ -109,12 +109,12 @@ def _step_ns(meta: np.ndarray) -> np.ndarray:
 
 
 def all_peers(meta: np.ndarray, factor: float = PEER_SPEED) -> bool:
-    """Every live rank's step compute time (_step_ns) is measured and within `factor` of every other's: nobody is a
-    straggler. Auto pacing starts joining ticks when this holds at PEER_SPEED and goes back to probes when it fails
-    at AUTO_EXIT_SPEED (hysteresis: one step's noise does not flip the mode). A function of the table only: every
-    rank decides the same."""
+    """Every live rank's push period and step compute time (_step_ns) are measured, and the step times are within
+    `factor` of each other: nobody is a straggler. Auto pacing starts joining ticks when this holds at PEER_SPEED
+    and goes back to probes when it fails at AUTO_EXIT_SPEED (hysteresis: one step's noise does not flip the mode).
+    A function of the table only: every rank decides the same."""
     live = meta[:, FINISHED] == 0
-    if not live.any():
+    if not live.any() or (meta[live, PERIOD_NS] <= 0).any():   # no prediction yet: joins would pace by tick_s
         return False
     step = _step_ns(meta)[live]
     return bool((step > 0).all() and step.max() <= factor * step.min())

@@ -86,8 +86,10 @@ PEER_SPEED = 1.25          # a rank whose step compute time is within this facto
 STREAM_SPEED = 1.5        # a rank streams only while its push period is within this factor of the fastest rank's
 PACINGS = ("probe", "join", "auto")   # HVD_ELASTIC_TICK_PACING
 AUTO_EXIT_SPEED = 1.5      # auto pacing leaves join pacing when a live rank is this much slower than another
-AUTO_JOIN_WAIT = 1.0       # auto pacing, joined ticks: a peer waits for its own push up to this fraction of a
-                           # period past its prediction (join_wait_s), where plain join waits the release hold
+AUTO_JOIN_HOLD = 2         # auto pacing, joined ticks: join_wait_s's hold (the window of the first group, how
+                           # late a peer may push and still be waited for) is this times the release hold (0.5 of
+                           # a period by default: one period), so that a round whose pushes all come late (a slow
+                           # tick delays every rank's next step alike) still lands in one tick
 HOLD_FRACTION = 0.5        # default release hold, a fraction of the pushers' step period (HVD_ELASTIC_PEER_WAIT)
 
 
@@ -171,8 +173,7 @@ def next_probe_s(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> Opti
     return float(min(max(min(events), 0.0) / 1e9, QUIET_MAX_S))
 
 
-def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float = HOLD_FRACTION,
-                own_wait: Optional[float] = None) -> Optional[float]:
+def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float = HOLD_FRACTION) -> Optional[float]:
     """Small payloads (under SMALL_WORDS): every tick is full, and a tick fires when the last rank's thread joins it,
     so *when* each thread joins decides what a tick carries. This is how long this rank's thread waits before it
     joins the next tick, from the last tick's table with this rank's own row as it stands now (a push of its own
@@ -209,7 +210,7 @@ def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float =
         group = on_time & (speed <= PEER_SPEED * speed[first]) & (speed[first] <= PEER_SPEED * speed) \
             & (rel <= rel[first] + hold_fraction * period[first])
         if group[rank]:       # wait for the own push (an overdue rank's poll would only make it miss the tick)
-            deadline = rel[rank] + (hold_fraction if own_wait is None else own_wait) * float(period[group].min())
+            deadline = rel[rank] + hold_fraction * float(period[group].min())
             faster = on_time & ~group & (speed * PEER_SPEED < speed[first])
             events = [min(deadline, float(rel[faster].min())) if faster.any() else deadline]
         else:
@@ -580,8 +581,8 @@ class Ticker:
                     meta = meta.copy()      # this rank's own row as it stands now
                     meta[self.rank, [LAST_PUSH_NS, INTERVAL_NS, PERIOD_NS, GATED]] = \
                         (self._last_push_ns, self._interval_ns, self._period_ns, int(self._gated))
-                    wait = join_wait_s(meta, self.rank, self.now_ns(), self.hold_fraction,
-                                       AUTO_JOIN_WAIT if self.auto_pacing else None)
+                    wait = join_wait_s(meta, self.rank, self.now_ns(),
+                                       self.hold_fraction * (AUTO_JOIN_HOLD if self.auto_pacing else 1))
                 left = (fallback - time.monotonic()) if wait is None else wait
                 if left <= 0:
                     return

@@ -148,3 +148,21 @@ def _with(meta, rank, column, value):
     out = meta.copy()
     out[rank, column] = value
     return out
+
+
+def test_auto_pacing_joins_only_when_every_live_rank_is_a_measured_peer():
+    """all_peers (HVD_ELASTIC_TICK_PACING=auto): step compute times (INTERVAL_NS, else the push period) within the
+    factor of each other, every live push period measured; finished ranks do not count."""
+    from hvd_elastic.engine.ticker import AUTO_EXIT_SPEED, INTERVAL_NS, PEER_SPEED, PERIOD_NS, all_peers
+    ms = 1_000_000
+    equal = _table({"INTERVAL_NS": [30 * ms, 36 * ms, 32 * ms], "PERIOD_NS": [40 * ms, 41 * ms, 40 * ms]})
+    assert all_peers(equal) and all_peers(equal, AUTO_EXIT_SPEED)
+    noisy = _with(equal, 1, INTERVAL_NS, 40 * ms)        # 1.33x the fastest: not to enter, not enough to leave
+    assert not all_peers(noisy, PEER_SPEED) and all_peers(noisy, AUTO_EXIT_SPEED)
+    straggler = _with(equal, 2, INTERVAL_NS, 90 * ms)    # 3x
+    assert not all_peers(straggler, AUTO_EXIT_SPEED)
+    assert all_peers(_with(straggler, 2, FINISHED, 1))   # the straggler finished: the others are peers
+    assert not all_peers(_with(equal, 0, PERIOD_NS, -1))  # a period not measured: no prediction to join by
+    unmeasured = _with(_with(equal, 0, INTERVAL_NS, -1), 0, PERIOD_NS, 38 * ms)   # the period stands in
+    assert all_peers(unmeasured)
+    assert not all_peers(_table({"FINISHED": [1, 1], "PERIOD_NS": [40 * ms, 40 * ms]}))   # nobody live

@@ -15,6 +15,15 @@ much as a small payload. A tick in which nobody pushed then moves the small payl
 overdue, all ranks held). The joins need not agree across ranks: every tick has the same shape. Faster steps, but
 not yet a shorter time to target (docs/benchmarks.md): experimental, off by default.
 
+Auto pacing (HVD_ELASTIC_TICK_PACING=auto), small payloads: join pacing while the last tick's table shows every live
+rank as a peer of every other (all_peers: push periods measured, step compute times within PEER_SPEED; it goes back
+to probes only past AUTO_EXIT_SPEED, so one step's noise does not flip the mode), probe pacing otherwise. With equal
+speeds a round of pushes then costs one collective instead of a probe, a hold and a full tick; under a straggler the
+ticks stay probe-paced, whose hold keeps the straggler's gradients fresher. Joined ticks widen join_wait_s's window
+(AUTO_JOIN_HOLD x the release hold: one period) so that a round whose pushes all come late -- a slow tick delays
+every rank's next step alike -- still lands in one tick. The mode is a function of the sequence of tables, which
+every rank holds identically, so every rank issues the same collectives.
+
 By default (and for larger payloads) -- metadata first: a tick in which nobody pushed moves no model-sized buffer. A
 tick is normally a *probe*: a metadata-only allreduce (a few hundred words) that delivers nothing and tells every
 rank what each rank has pending. When the table shows pending pushes, every rank decides -- from the table alone, so

@@ -21,7 +21,8 @@ to probes only past AUTO_EXIT_SPEED, so one step's noise does not flip the mode)
 speeds a round of pushes then costs one collective instead of a probe, a hold and a full tick; under a straggler the
 ticks stay probe-paced, whose hold keeps the straggler's gradients fresher. Joined ticks widen join_wait_s's window
 (AUTO_JOIN_HOLD x the release hold: one period) so that a round whose pushes all come late -- a slow tick delays
-every rank's next step alike -- still lands in one tick. The mode is a function of the sequence of tables, which
+every rank's next step alike -- still lands in one tick, and group the peers by AUTO_EXIT_SPEED (the latest step
+time of a rank is noisy: at PEER_SPEED a peer left out of the group joined early and its push missed the tick). The mode is a function of the sequence of tables, which
 every rank holds identically, so every rank issues the same collectives.
 
 By default (and for larger payloads) -- metadata first: a tick in which nobody pushed moves no model-sized buffer. A
@@ -182,7 +183,8 @@ def next_probe_s(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> Opti
     return float(min(max(min(events), 0.0) / 1e9, QUIET_MAX_S))
 
 
-def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float = HOLD_FRACTION) -> Optional[float]:
+def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float = HOLD_FRACTION,
+                peer_speed: float = PEER_SPEED) -> Optional[float]:
     """Small payloads (under SMALL_WORDS): every tick is full, and a tick fires when the last rank's thread joins it,
     so *when* each thread joins decides what a tick carries. This is how long this rank's thread waits before it
     joins the next tick, from the last tick's table with this rank's own row as it stands now (a push of its own
@@ -191,7 +193,7 @@ def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float =
 
     The due ranks are the live ones whose next push the table predicts (last push + period), this rank only if it is
     not held at its gate (another rank's GATED is from before the tick, which may have let it go). The first group
-    is the earliest due rank and its peers (step compute time, INTERVAL_NS, within PEER_SPEED of its own: the push
+    is the earliest due rank and its peers (step compute time, INTERVAL_NS, within `peer_speed` of its own: the push
     period would not do, it includes the time a rank waits) predicted within a hold (`hold_fraction` of the first's
     period) after it: the pushes the next tick waits for. A member waits for its own push, at most a hold (of the
     group's shortest period) past its prediction and never past the predicted push of a faster rank outside the
@@ -216,11 +218,11 @@ def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float =
         if overdue.any() else []
     if on_time.any():
         first = int(np.flatnonzero(on_time)[np.argmin(rel[on_time])])
-        group = on_time & (speed <= PEER_SPEED * speed[first]) & (speed[first] <= PEER_SPEED * speed) \
+        group = on_time & (speed <= peer_speed * speed[first]) & (speed[first] <= peer_speed * speed) \
             & (rel <= rel[first] + hold_fraction * period[first])
         if group[rank]:       # wait for the own push (an overdue rank's poll would only make it miss the tick)
             deadline = rel[rank] + hold_fraction * float(period[group].min())
-            faster = on_time & ~group & (speed * PEER_SPEED < speed[first])
+            faster = on_time & ~group & (speed * peer_speed < speed[first])
             events = [min(deadline, float(rel[faster].min())) if faster.any() else deadline]
         else:
             events.append(rel[first] - QUIET_MARGIN * period[first])
@@ -590,8 +592,9 @@ class Ticker:
                     meta = meta.copy()      # this rank's own row as it stands now
                     meta[self.rank, [LAST_PUSH_NS, INTERVAL_NS, PERIOD_NS, GATED]] = \
                         (self._last_push_ns, self._interval_ns, self._period_ns, int(self._gated))
-                    wait = join_wait_s(meta, self.rank, self.now_ns(),
-                                       self.hold_fraction * (AUTO_JOIN_HOLD if self.auto_pacing else 1))
+                    wait = join_wait_s(meta, self.rank, self.now_ns(), *(
+                        (self.hold_fraction * AUTO_JOIN_HOLD, AUTO_EXIT_SPEED) if self.auto_pacing else
+                        (self.hold_fraction, PEER_SPEED)))
                 left = (fallback - time.monotonic()) if wait is None else wait
                 if left <= 0:
                     return

@@ -152,10 +152,11 @@ def _with(meta, rank, column, value):
 
 def test_auto_pacing_joins_only_when_every_live_rank_is_a_measured_peer():
     """all_peers (HVD_ELASTIC_TICK_PACING=auto): step compute times (INTERVAL_NS, else the push period) within the
-    factor of each other, every live push period measured; finished ranks do not count."""
-    from hvd_elastic.engine.ticker import AUTO_EXIT_SPEED, INTERVAL_NS, PEER_SPEED, PERIOD_NS, all_peers
+    factor of each other, every live push period and last sent push known; finished ranks do not count."""
+    from hvd_elastic.engine.ticker import AUTO_EXIT_SPEED, INTERVAL_NS, LAST_PUSH_NS, PEER_SPEED, PERIOD_NS, all_peers
     ms = 1_000_000
-    equal = _table({"INTERVAL_NS": [30 * ms, 36 * ms, 32 * ms], "PERIOD_NS": [40 * ms, 41 * ms, 40 * ms]})
+    equal = _table({"INTERVAL_NS": [30 * ms, 36 * ms, 32 * ms], "PERIOD_NS": [40 * ms, 41 * ms, 40 * ms],
+                    "LAST_PUSH_NS": [0, 2 * ms, 1 * ms]})
     assert all_peers(equal) and all_peers(equal, AUTO_EXIT_SPEED)
     noisy = _with(equal, 1, INTERVAL_NS, 40 * ms)        # 1.33x the fastest: not to enter, not enough to leave
     assert not all_peers(noisy, PEER_SPEED) and all_peers(noisy, AUTO_EXIT_SPEED)
@@ -163,6 +164,7 @@ def test_auto_pacing_joins_only_when_every_live_rank_is_a_measured_peer():
     assert not all_peers(straggler, AUTO_EXIT_SPEED)
     assert all_peers(_with(straggler, 2, FINISHED, 1))   # the straggler finished: the others are peers
     assert not all_peers(_with(equal, 0, PERIOD_NS, -1))  # a period not measured: no prediction to join by
+    assert not all_peers(_with(equal, 2, LAST_PUSH_NS, -1))   # no push sent yet: none either
     unmeasured = _with(_with(equal, 0, INTERVAL_NS, -1), 0, PERIOD_NS, 38 * ms)   # the period stands in
     assert all_peers(unmeasured)
-    assert not all_peers(_table({"FINISHED": [1, 1], "PERIOD_NS": [40 * ms, 40 * ms]}))   # nobody live
+    assert not all_peers(_table({"FINISHED": [1, 1], "PERIOD_NS": [40 * ms] * 2, "LAST_PUSH_NS": [0, 0]}))   # none live

@@ -15,15 +15,16 @@ much as a small payload. A tick in which nobody pushed then moves the small payl
 overdue, all ranks held). The joins need not agree across ranks: every tick has the same shape. Faster steps, but
 not yet a shorter time to target (docs/benchmarks.md): experimental, off by default.
 
-Auto pacing (HVD_ELASTIC_TICK_PACING=auto), small payloads: join pacing while the last tick's table shows every live
-rank as a peer of every other (all_peers: push periods measured, step compute times within PEER_SPEED; it goes back
-to probes only past AUTO_EXIT_SPEED, so one step's noise does not flip the mode), probe pacing otherwise. With equal
-speeds a round of pushes then costs one collective instead of a probe, a hold and a full tick; under a straggler the
-ticks stay probe-paced, whose hold keeps the straggler's gradients fresher. Joined ticks widen join_wait_s's window
-(AUTO_JOIN_HOLD x the release hold: one period) so that a round whose pushes all come late -- a slow tick delays
-every rank's next step alike -- still lands in one tick, and group the peers by AUTO_EXIT_SPEED (the latest step
-time of a rank is noisy: at PEER_SPEED a peer left out of the group joined early and its push missed the tick). The mode is a function of the sequence of tables, which
-every rank holds identically, so every rank issues the same collectives.
+Auto pacing (HVD_ELASTIC_TICK_PACING=auto), small payloads: join pacing while the tables show every live rank as a
+peer of every other (all_peers: push periods and last pushes known, step compute times within PEER_SPEED to start
+joining -- after a tick with nothing pending -- and within AUTO_EXIT_SPEED to go on, so one step's noise does not flip
+the mode), probe pacing otherwise. With equal speeds a round of pushes then costs one collective instead of a probe,
+a hold and a full tick; under a straggler the ticks stay probe-paced, whose hold keeps the straggler's gradients
+fresher. Joined ticks widen join_wait_s's window (AUTO_JOIN_HOLD x the release hold: one period), so that a round
+whose pushes all come late (a slow tick delays every rank's next step alike) still lands in one tick, and group the
+peers by AUTO_EXIT_SPEED (a rank's latest step time is noisy: at PEER_SPEED a peer left out of the group joined early
+and its push missed the tick). The mode is a function of the sequence of tables, which every rank holds identically,
+so every rank issues the same collectives.
 
 By default (and for larger payloads) -- metadata first: a tick in which nobody pushed moves no model-sized buffer. A
 tick is normally a *probe*: a metadata-only allreduce (a few hundred words) that delivers nothing and tells every
@@ -126,8 +127,8 @@ def all_peers(meta: np.ndarray, factor: float = PEER_SPEED) -> bool:
     and goes back to probes when it fails at AUTO_EXIT_SPEED (hysteresis: one step's noise does not flip the mode).
     A function of the table only: every rank decides the same."""
     live = meta[:, FINISHED] == 0
-    if not live.any() or (meta[live, PERIOD_NS] <= 0).any():   # no prediction yet: joins would pace by tick_s
-        return False
+    if not live.any() or (meta[live, PERIOD_NS] <= 0).any() or (meta[live, LAST_PUSH_NS] < 0).any():
+        return False               # no prediction yet: joins would pace by tick_s (join_wait_s is None)
     step = _step_ns(meta)[live]
     return bool((step > 0).all() and step.max() <= factor * step.min())
 
@@ -713,8 +714,10 @@ class Ticker:
                 if done:
                     return
                 pending += int(meta[:, STREAM].sum())
-                if self.auto_pacing:   # hysteresis on the tables' sequence: the same on every rank
-                    joining = all_peers(meta, AUTO_EXIT_SPEED if joining else PEER_SPEED)
+                if self.auto_pacing:   # hysteresis on the tables' sequence: the same on every rank; joins start
+                    # after a tick with nothing pending (a probe's held pushes go out in its release's full tick)
+                    joining = all_peers(meta, AUTO_EXIT_SPEED) if joining else \
+                        all_peers(meta, PEER_SPEED) and not _pending_rows(meta).any()
                 join_next = self.join_pacing or joining
                 predicted = None if join_next else next_probe_s(meta, self.hold_fraction)
                 if predicted is not None:

@@ -157,12 +157,12 @@ KNOBS = (
     Knob("tick_ms", 1.0, _float(0.0, exclusive=True), "number > 0",
          "Relaxed policies: minimum interval between two partial-allreduce ticks, in milliseconds.",
          ("asp", "ssp", "dssp", "zipline", "wbsp")),
-    Knob("tick_pacing", "probe", _choice(("probe", "join", "auto")), "probe|join|auto",
-         "Relaxed policies, models under 256K parameters: probe (default): a metadata-only probe shows who has "
-         "pushed, then a full tick carries the pushes; join (experimental): every tick is full and each rank's "
-         "tick thread joins it when its own push or its peers' predicted pushes are due -- one collective per round "
-         "of pushes, higher compute share, time to target not better yet; auto: join while every rank's step time "
-         "is within 1.25x of every other's, probe while a rank is slower (docs/design.md, docs/benchmarks.md).",
+    Knob("tick_pacing", "auto", _choice(("probe", "join", "auto")), "probe|join|auto",
+         "Relaxed policies, models under 256K parameters: probe: a metadata-only probe shows who has pushed, then a "
+         "full tick carries the pushes; join (experimental): every tick is full and each rank's tick thread joins "
+         "it when its own push or its peers' predicted pushes are due -- one collective per round of pushes; auto "
+         "(default): join for the gradient policies while every rank's step time is within 1.25x of every other's "
+         "(until one is 1.5x slower), probe otherwise and for wbsp (docs/design.md, docs/benchmarks.md).",
          ("asp", "ssp", "dssp", "zipline", "wbsp")),
     Knob("max_inflight", 0, _int_or_auto(0), "integer >= 0|auto",
          "Relaxed gradient policies: own pushes a rank may have in flight (not yet back in a tick) when it starts "
@@ -239,7 +239,7 @@ class Config:
     lbbsp_caps: Mapping[Any, int] = dataclasses.field(default_factory=dict)
     wbsp_overlap: bool = False
     tick_ms: float = 1.0
-    tick_pacing: str = "probe"
+    tick_pacing: str = "auto"
     max_inflight: Any = 0
     peer_wait: float = 0.5
     push_at_backward: bool = True

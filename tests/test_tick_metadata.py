@@ -93,6 +93,14 @@ def test_release_holds_for_a_peer_due_within_the_window_and_never_for_a_slower_r
     # a rank held at its gate (a barrier, a staleness bound) pushes only after a tick opens it: never waited for
     assert release(_table(dict(base, GATED=[0, 1])))
     assert not release(_table(dict(base, GATED=[0, 0])))
+    # the first pushes: periods not measured yet. A pusher's hold is half its step compute time (40 ms: 20 ms), and
+    # a live, ungated rank without a period is expected within it, unless its step time says it is slower
+    first = dict(base, PERIOD_NS=[-1, -1], LAST_PUSH_NS=[-1, -1], INTERVAL_NS=[40 * ms, -1])
+    assert not release(_table(first))                                            # waited 5 ms of 20
+    assert release(_table(dict(first, NOW_NS=[121 * ms, 121 * ms])))             # 21 ms
+    assert release(_table(dict(first, INTERVAL_NS=[40 * ms, 150 * ms])))         # rank 1 is slower
+    assert release(_table(dict(first, GATED=[0, 1])))
+    assert release(_table(dict(first, INTERVAL_NS=[-1, -1])))                    # nothing to hold by
 
 
 def test_small_payload_join_waits_for_the_own_push_in_the_first_group_and_sits_otherwise():

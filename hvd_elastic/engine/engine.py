@@ -77,8 +77,14 @@ class SyncEngine:
         self.ticker = Ticker(numel, buffers, rank, size, allreduce_sum, tick_s=tick_s, epoch_ns=epoch_ns,
                              name=tick_name, hold_fraction=policy.cfg.peer_wait,
                              stream=stream and not self.updates.local_step,
-                             pacing=policy.cfg.tick_pacing)
+                             pacing=self._pacing(policy.cfg.tick_pacing))
         policy.attach(self)
+
+    def _pacing(self, knob: str) -> str:
+        """HVD_ELASTIC_TICK_PACING as the ticker runs it: auto joins ticks for the gradient policies only (their ranks
+        wait for their own push's tick, so its round trip is on their critical path); a delta policy (wbsp) uploads
+        while its next step computes, and keeps probe pacing."""
+        return "probe" if knob == "auto" and self.updates.local_step else knob
 
     # ---- per step ----------------------------------------------------------------------------------------------
     def step(self, accumulate: Optional[Callable[[Any, float], None]], compute_s: float, pushed: bool = False):

@@ -146,18 +146,22 @@ def release(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> bool:
     pending = _pending_rows(meta)
     if not pending.any():
         return False
-    periods = meta[pending, PERIOD_NS]
+    step = _step_ns(meta)
+    periods = np.where(meta[pending, PERIOD_NS] > 0, meta[pending, PERIOD_NS], step[pending])
     if hold_fraction <= 0 or (periods <= 0).any():
-        return True                              # a pusher's period is not measured yet
+        return True                              # nothing measured yet about a pusher
     hold = hold_fraction * float(periods.min())
     now = float(meta[:, NOW_NS].max())
     if now - float(meta[pending, PENDING_SINCE_NS].min()) >= hold:
         return True
-    step = _step_ns(meta)
-    idle = ~pending & (meta[:, FINISHED] == 0) & (meta[:, PERIOD_NS] > 0) & (meta[:, LAST_PUSH_NS] >= 0) \
-        & (meta[:, GATED] <= 0) & (step <= PEER_SPEED * float(step[pending].min()))
-    due = _next_start_ns(meta, idle) <= now + hold   # its next push (or stream) starts within the window
-    return not due.any()
+    idle = ~pending & (meta[:, FINISHED] == 0) & (meta[:, GATED] <= 0) \
+        & (step <= PEER_SPEED * float(step[pending].min()))
+    measured = idle & (meta[:, PERIOD_NS] > 0) & (meta[:, LAST_PUSH_NS] >= 0)
+    due = _next_start_ns(meta, measured) <= now + hold   # its next push (or stream) starts within the window
+    # A rank whose period is not measured yet (its first two pushes: the ranks start together) is expected within
+    # the window unless its step time already says it is slower: without this a lone first push went out in a
+    # tick of its own and split the round (one run in three, trajectories off Horovod's from the first step).
+    return not due.any() and not (idle & (meta[:, PERIOD_NS] <= 0)).any()
 
 
 def next_probe_s(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> Optional[float]:

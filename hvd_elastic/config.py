@@ -23,6 +23,7 @@ PREFIX = "HVD_ELASTIC_"
 POLICIES = ("bsp", "asp", "ssp", "dssp", "zipline", "lbbsp", "wbsp")
 PREDICTORS = ("last", "median", "ewma", "arx")
 LBBSP_MODES = ("cpu", "gpu")
+TICK_PACINGS = ("probe", "join", "auto")   # engine/ticker.py runs them
 # Variables with the prefix that configure tooling (ci/bootstrap.sh), not a run; accepted and ignored here.
 TOOLING_VARIABLES = ("CACHE", "VENV")
 
@@ -157,7 +158,7 @@ KNOBS = (
     Knob("tick_ms", 1.0, _float(0.0, exclusive=True), "number > 0",
          "Relaxed policies: minimum interval between two partial-allreduce ticks, in milliseconds.",
          ("asp", "ssp", "dssp", "zipline", "wbsp")),
-    Knob("tick_pacing", "auto", _choice(("probe", "join", "auto")), "probe|join|auto",
+    Knob("tick_pacing", "auto", _choice(TICK_PACINGS), "|".join(TICK_PACINGS),
          "Relaxed policies, models under 256K parameters: probe: a metadata-only probe shows who has pushed, then a "
          "full tick carries the pushes; join (experimental): every tick is full and each rank's tick thread joins "
          "it when its own push or its peers' predicted pushes are due -- one collective per round of pushes; auto "

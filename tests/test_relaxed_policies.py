@@ -144,6 +144,22 @@ def test_zipline_barriers_bound_iterations_and_replicas_match_at_every_barrier(p
     assert all(c["max_iterations_between_barriers"] <= 6 for c in counters), counters
     # Invariant 3 at every barrier: a running digest of each rank's weights right after each barrier.
     assert len({c["barrier_digest"] for c in counters}) == 1, counters
+    assert all(c["barriers_at_bound"] == 0 for c in counters), counters   # a straggler: every barrier by ZipLine
+
+
+def test_zipline_with_equal_speeds_places_barriers_at_the_bound(tmp_path):
+    """While every rank is a peer of every other (engine/ticker.py all_peers: nobody is a straggler), ZipLine's
+    windows all predict the same wait and its tie went to the earliest: a barrier every ~2.7 iterations, each one
+    splitting rounds of pushes (docs/benchmarks.md, twenty-third session). Such barriers go to the bound instead: every
+    rank stops at B_q + R. Asserted: nearly every barrier at the bound, the bound reached and never exceeded, the
+    same barriers and weights at each of them on every rank."""
+    env = {"HVD_ELASTIC_POLICY": "zipline", "HVD_ELASTIC_LOOKAHEAD": "6", "HVD_ELASTIC_EMULATE_DELAY": "*:0.004"}
+    reports = _common_invariants(_run("mpirun", env, tmp_path), "zipline")
+    counters = [rep["counters"] for rep in reports]
+    assert len({(c["barriers"], c["barriers_at_bound"], c["barrier_digest"]) for c in counters}) == 1, counters
+    barriers, at_bound = counters[0]["barriers"], counters[0]["barriers_at_bound"]
+    assert barriers >= 5 and at_bound >= 0.8 * barriers, (barriers, at_bound)
+    assert all(c["max_iterations_between_barriers"] == 6 for c in counters), counters
 
 
 @pytest.mark.parametrize("overlap", ["0", "1"])

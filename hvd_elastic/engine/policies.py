@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _native
 from ..predictors import predict_interval
-from .ticker import COUNT, PEER_SPEED
+from .ticker import COUNT, PEER_SPEED, still_peers
 from .updates import DeltaUpdates, GradientUpdates
 
 
@@ -270,6 +270,8 @@ class Zipline(Policy):
         self.targets: Optional[np.ndarray] = None
         self.barriers = 0
         self.forced = 0
+        self.at_bound = 0
+        self.peers = False   # every rank a peer of every other (ticker.still_peers on the tick stream)
         self.max_superstep = 0
         self.spreads_ns = []
         self.digest = 0
@@ -277,6 +279,7 @@ class Zipline(Policy):
 
     def on_tick(self, tick, view):
         self.intervals.observe(view)
+        self.peers = still_peers(tick.meta, self.peers)
         if view.finished.any():
             # A rank that finished pushes nothing more: no barrier can include it; the final barrier (finish) ends
             # the last superstep instead.
@@ -286,7 +289,13 @@ class Zipline(Policy):
             intervals = self.intervals.predicted() if (ran >= 1).all() else [-1]
             if min(intervals) >= 0:
                 lookahead = int(self.R - ran.max())
-                if lookahead >= 1:
+                if lookahead >= 1 and self.peers:
+                    # Nobody is a straggler: every window predicts the same (near-zero) wait, and ZipLine's tie
+                    # goes to the earliest -- a barrier every ~2.7 iterations, each one a wait for nothing.
+                    # The bound instead: every rank stops at B_q + R.
+                    self.targets = self.start + self.R
+                    self.at_bound += 1
+                elif lookahead >= 1:
                     b = _native.zipline_barrier_from_intervals(view.last_push_ns.tolist(), intervals, lookahead)
                     self.targets = view.clocks + np.asarray(b.iterations, np.int64)
                     self.spreads_ns.append(int(b.spread_ns))
@@ -319,7 +328,8 @@ class Zipline(Policy):
         super().finish()
         spreads = self.spreads_ns
         self.engine.telemetry.counters.update({
-            "barriers": self.barriers, "barriers_without_prediction": self.forced, "max_iterations_between_barriers":
+            "barriers": self.barriers, "barriers_without_prediction": self.forced,
+            "barriers_at_bound": self.at_bound, "max_iterations_between_barriers":
             self.max_superstep, "barrier_digest": self.digest,
             "mean_predicted_wait_ms": round(float(np.mean(spreads)) / 1e6, 3) if spreads else 0.0})
 

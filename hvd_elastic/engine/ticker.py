@@ -66,6 +66,7 @@ from typing import Any, Callable, Deque, List, Optional
 
 import numpy as np
 
+from ..config import TICK_PACINGS
 from ..errors import HvdElasticError
 from .buffers import NumpyBuffers
 
@@ -95,7 +96,6 @@ SMALL_WORDS = 1 << 18      # payloads under this: every tick full, paced by join
 PEER_SPEED = 1.25          # a rank whose step compute time is within this factor of another's is its peer (peer
                            # alignment in policies.py, join groups in join_wait_s)
 STREAM_SPEED = 1.5        # a rank streams only while its push period is within this factor of the fastest rank's
-PACINGS = ("probe", "join", "auto")   # HVD_ELASTIC_TICK_PACING
 AUTO_EXIT_SPEED = 1.5      # auto pacing leaves join pacing when a live rank is this much slower than another
 AUTO_JOIN_HOLD = 2         # auto pacing, joined ticks: join_wait_s's hold (the window of the first group, how
                            # late a peer may push and still be waited for) is this times the release hold (0.5 of
@@ -131,6 +131,12 @@ def all_peers(meta: np.ndarray, factor: float = PEER_SPEED) -> bool:
         return False               # no prediction yet: joins would pace by tick_s (join_wait_s is None)
     step = _step_ns(meta)[live]
     return bool((step > 0).all() and step.max() <= factor * step.min())
+
+
+def still_peers(meta: np.ndarray, were_peers: bool) -> bool:
+    """all_peers with hysteresis over a sequence of tables: becomes true at PEER_SPEED, stays true within
+    AUTO_EXIT_SPEED (one step's noise does not flip it). Auto pacing's joins and zipline's barriers at the bound."""
+    return all_peers(meta, AUTO_EXIT_SPEED if were_peers else PEER_SPEED)
 
 
 def release(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> bool:
@@ -334,8 +340,8 @@ class Ticker:
         # Auto (HVD_ELASTIC_TICK_PACING=auto): join pacing while the last table shows every live rank as a peer of
         # every other (all_peers), probe pacing otherwise. Both in effect for small payloads only.
         small = numel < SMALL_WORDS and len(self._bounds) <= 2
-        if pacing not in PACINGS:
-            raise ValueError(f"unknown tick pacing {pacing!r}; accepted: {'|'.join(PACINGS)}")
+        if pacing not in TICK_PACINGS:
+            raise ValueError(f"unknown tick pacing {pacing!r}; accepted: {'|'.join(TICK_PACINGS)}")
         self.join_pacing = small and pacing == "join"
         self.auto_pacing = small and pacing == "auto"
         self.join_ticks = 0            # ticks paced by joins (join pacing, or auto while all ranks were peers)
@@ -720,8 +726,7 @@ class Ticker:
                 pending += int(meta[:, STREAM].sum())
                 if self.auto_pacing:   # hysteresis on the tables' sequence: the same on every rank; joins start
                     # after a tick with nothing pending (a probe's held pushes go out in its release's full tick)
-                    joining = all_peers(meta, AUTO_EXIT_SPEED) if joining else \
-                        all_peers(meta, PEER_SPEED) and not _pending_rows(meta).any()
+                    joining = still_peers(meta, joining) and (joining or not _pending_rows(meta).any())
                 join_next = self.join_pacing or joining
                 predicted = None if join_next else next_probe_s(meta, self.hold_fraction)
                 if predicted is not None:

@@ -176,3 +176,18 @@ def test_auto_pacing_joins_only_when_every_live_rank_is_a_measured_peer():
     unmeasured = _with(_with(equal, 0, INTERVAL_NS, -1), 0, PERIOD_NS, 38 * ms)   # the period stands in
     assert all_peers(unmeasured)
     assert not all_peers(_table({"FINISHED": [1, 1], "PERIOD_NS": [40 * ms] * 2, "LAST_PUSH_NS": [0, 0]}))   # none live
+
+
+def test_still_peers_enters_at_peer_speed_and_leaves_past_the_exit_speed():
+    """still_peers (auto pacing's joins, zipline's barriers at the bound): hysteresis over a sequence of tables."""
+    from hvd_elastic.engine.ticker import INTERVAL_NS, still_peers
+    ms = 1_000_000
+    equal = _table({"INTERVAL_NS": [30 * ms, 36 * ms, 32 * ms], "PERIOD_NS": [40 * ms, 41 * ms, 40 * ms],
+                    "LAST_PUSH_NS": [0, 2 * ms, 1 * ms]})
+    noisy = _with(equal, 1, INTERVAL_NS, 40 * ms)        # 1.33x the fastest
+    slow = _with(equal, 1, INTERVAL_NS, 50 * ms)         # 1.67x
+    peers, seen = False, []
+    for table in (noisy, equal, noisy, slow, noisy, equal):
+        peers = still_peers(table, peers)
+        seen.append(peers)
+    assert seen == [False, True, True, False, False, True]

@@ -292,8 +292,9 @@ class Zipline(Policy):
                 if lookahead >= 1 and self.peers:
                     # Nobody is a straggler: every window predicts the same (near-zero) wait, and ZipLine's tie
                     # goes to the earliest -- a barrier every ~2.7 iterations, each one a wait for nothing.
-                    # The bound instead: every rank stops at B_q + R.
-                    self.targets = self.start + self.R
+                    # The bound instead, at one clock for all: R steps after the least B_q (a rank ahead by a step
+                    # runs one fewer, so the barrier lines the clocks up again and no rank runs more than R).
+                    self.targets = np.maximum(view.clocks, int(self.start.min()) + self.R)
                     self.at_bound += 1
                 elif lookahead >= 1:
                     b = _native.zipline_barrier_from_intervals(view.last_push_ns.tolist(), intervals, lookahead)

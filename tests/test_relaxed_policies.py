@@ -148,11 +148,11 @@ def test_zipline_barriers_bound_iterations_and_replicas_match_at_every_barrier(p
 
 
 def test_zipline_with_equal_speeds_places_barriers_at_the_bound(tmp_path):
-    """While every rank is a peer of every other (engine/ticker.py all_peers: nobody is a straggler), ZipLine's
+    """While every rank is a peer of every other (engine/ticker.py still_peers: nobody is a straggler), ZipLine's
     windows all predict the same wait and its tie went to the earliest: a barrier every ~2.7 iterations, each one
-    splitting rounds of pushes (docs/benchmarks.md, twenty-third session). Such barriers go to the bound instead: every
-    rank stops at B_q + R. Asserted: nearly every barrier at the bound, the bound reached and never exceeded, the
-    same barriers and weights at each of them on every rank."""
+    splitting rounds of pushes (docs/benchmarks.md, twenty-third session). Such barriers go to the bound instead, at
+    one clock for every rank: R steps after the least superstep start. Asserted: nearly every barrier at the bound,
+    the bound reached and never exceeded, the same barriers and weights at each of them on every rank."""
     env = {"HVD_ELASTIC_POLICY": "zipline", "HVD_ELASTIC_LOOKAHEAD": "6", "HVD_ELASTIC_EMULATE_DELAY": "*:0.004"}
     reports = _common_invariants(_run("mpirun", env, tmp_path), "zipline")
     counters = [rep["counters"] for rep in reports]

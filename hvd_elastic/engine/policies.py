@@ -296,7 +296,7 @@ class Zipline(Policy):
                     # runs one fewer, so the barrier lines the clocks up again and no rank runs more than R).
                     self.targets = np.maximum(view.clocks, int(self.start.min()) + self.R)
                     self.at_bound += 1
-                elif lookahead >= 1:
+                elif lookahead >= 1:   # a straggler: ZipLine places the barrier where the predicted wait is least
                     b = _native.zipline_barrier_from_intervals(view.last_push_ns.tolist(), intervals, lookahead)
                     self.targets = view.clocks + np.asarray(b.iterations, np.int64)
                     self.spreads_ns.append(int(b.spread_ns))

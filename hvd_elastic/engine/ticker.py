@@ -337,8 +337,8 @@ class Ticker:
         self._gated = False            # the training thread is held at its gate (GATED; see the property)
         # Join pacing (HVD_ELASTIC_TICK_PACING=join), small payloads: every tick full, each thread joining when
         # join_wait_s says (no probes, no release).
-        # Auto (HVD_ELASTIC_TICK_PACING=auto): join pacing while the last table shows every live rank as a peer of
-        # every other (all_peers), probe pacing otherwise. Both in effect for small payloads only.
+        # Auto (HVD_ELASTIC_TICK_PACING=auto): join pacing while the tables show every live rank as a peer of
+        # every other (still_peers), probe pacing otherwise. Both in effect for small payloads only.
         small = numel < SMALL_WORDS and len(self._bounds) <= 2
         if pacing not in TICK_PACINGS:
             raise ValueError(f"unknown tick pacing {pacing!r}; accepted: {'|'.join(TICK_PACINGS)}")

@@ -53,7 +53,9 @@ def run_cell(policy, params_m, ranks, steps, timeout):
     ranks_ = res["ranks"]
     return {"numel": res["numel"], "step_s": max(r["step_s"] for r in ranks_),
             "peak_rss_mb": max(r["peak_rss_mb"] for r in ranks_), "bytes_per_step": ranks_[0]["bytes_per_step"],
-            "payload_collectives": ranks_[0]["payload_collectives"], "ticks": ranks_[0]["ticks"]}
+            "payload_collectives": ranks_[0]["payload_collectives"], "ticks": ranks_[0]["ticks"],
+            "buffers": max((r.get("buffers") or 0) for r in ranks_),
+            "held_max": max((r.get("held_max") or 0) for r in ranks_)}
 
 
 def main():
@@ -81,7 +83,9 @@ def main():
                     print(f"[scale] {params_m}M x{ranks} round {k + 1}/{args.repeats} {p}: "
                           + (cell["error"] if "error" in cell else
                              f"{1000 * cell['step_s']:.1f} ms/step, {cell['peak_rss_mb']:.0f} MB, "
-                             f"{cell['bytes_per_step'] / 1e6:.1f} MB reduced/step"), flush=True)
+                             f"{cell['bytes_per_step'] / 1e6:.1f} MB reduced/step"
+                             + (f", update buffers {cell['buffers']} (held at once {cell['held_max']})"
+                                if cell.get("buffers") else "")), flush=True)
             ok = {p: [c for c in cs if "error" not in c] for p, cs in rounds.items()}
             ref = ok["horovod"]
             print(f"\n{params_m}M parameters, {ranks} ranks (median of {args.repeats}; ratio to plain Horovod)")

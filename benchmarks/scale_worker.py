@@ -85,7 +85,8 @@ def main():
         policy = report["policy"] if report else "horovod"
         bytes_per_step = 4.0 * (numel + (size * 3 * 4 if policy == "lbbsp" else 0))
     mine = {"rank": rank, "step_s": elapsed / args.steps, "peak_rss_mb": rss_mb, "bytes_per_step": bytes_per_step,
-            "ticks": counters.get("ticks"), "payload_collectives": counters.get("payload_collectives")}
+            "ticks": counters.get("ticks"), "payload_collectives": counters.get("payload_collectives"),
+            "buffers": counters.get("buffers_allocated"), "held_max": counters.get("held_ticks_max")}
     everyone = hvd.allgather_object(mine)
     if rank == 0:
         print("SCALE " + json.dumps({"numel": numel, "ranks": everyone}), flush=True)

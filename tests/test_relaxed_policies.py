@@ -63,6 +63,7 @@ def test_streamed_pushes_of_a_large_model_keep_bsp_weights_and_every_update(poli
     assert all(0 < 2 * c["payload_collectives"] <= c["ticks"] for c in reports), reports
     pushed = sum(c["pushed"] for c in reports)
     assert pushed == 40 and all(c["applied_contributions"] == pushed for c in reports), reports
+    _buffers_reused(reports)
     # (Failed one run in ten until the eleventh session: the worker hashed the weights before finish(), so a rank
     # whose peer's last push came in a tick of its own missed that tick. Per-tick hashes showed identical updates and
     # weights on both ranks at every tick.)
@@ -79,8 +80,20 @@ def test_streamed_pushes_of_a_large_model_keep_bsp_weights_and_every_update(poli
             assert r["ref_max_abs"] > 0 and r["max_abs_diff"] <= 5e-5, r["max_abs_diff"]
 
 
+def _buffers_reused(counters):
+    """No model-sized allocation per tick: a rank makes at most as many update buffers as it needs at once (the
+    ticks it holds, pending, the tick in flight, a spare), however many ticks it runs. (POOL_LIMIT keeps only so many
+    given back: past it a rank holding more ticks at once may make some again.)"""
+    from hvd_elastic.engine.ticker import POOL_LIMIT
+    for c in counters:
+        assert c["nonempty_ticks"] > 10 and c["held_ticks_max"] >= 1, c
+        if c["held_ticks_max"] <= POOL_LIMIT:
+            assert c["buffers_allocated"] <= c["held_ticks_max"] + 3, c
+
+
 def _common_invariants(ranks, policy):
     reports = [r["report"]["ranks"][r["rank"]] for r in ranks]
+    _buffers_reused([rep["counters"] for rep in reports])
     pushed_total = sum(rep["counters"]["pushed"] for rep in reports)
     for r, rep in zip(ranks, reports):
         # Invariant 4: every pushed update applied exactly once on every rank (nothing lost, nothing doubled).

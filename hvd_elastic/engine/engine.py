@@ -13,8 +13,8 @@ Per training step the frontend calls :meth:`SyncEngine.step` (and may call :meth
 update is complete, or stream it while backward produces it: :meth:`SyncEngine.stream_begin`). The engine pushes the
 update, applies completed ticks in tick order (pull) and blocks while the policy's gate is closed, applying ticks as
 they arrive. A rank held at its step boundary -- by the policy's rule, or by its own update in flight unless the
-policy reads fresh (asp, wbsp) -- resumes on exactly the state of the tick that released it: ticks that completed
-after that one wait for its next step boundary. (Applying them too would let its next gradient see other ranks'
+policy reads fresh (asp, wbsp, zipline with R > 1) -- resumes on exactly the state of the tick that released it:
+ticks that completed after that one wait for its next step boundary. (Applying them too would let its next gradient see other ranks'
 *next* updates, which BSP never does: with s = 0 the weights would drift from BSP's. With the push at the end of
 backward a fast rank's next update is often already in such a tick.) A rank whose gate is open applies every
 completed tick (freshest weights).
@@ -242,7 +242,8 @@ class SyncEngine:
             "ticks": self.ticker.ticks, "nonempty_ticks": self.ticker.nonempty_ticks,
             "payload_collectives": self.ticker.payload_collectives,
             "join_ticks": self.ticker.join_ticks, "bytes_reduced": self.ticker.bytes_reduced,
-            "streamed_pushes": self.ticker.streamed,
+            "streamed_pushes": self.ticker.streamed, "buffers_allocated": self.ticker.buffers_allocated,
+            "held_ticks_max": self.ticker.held_max,
             "tick_comm_s": round(self.ticker.comm_s, 3), "pushed": self.pushed,
             "applied_contributions": self.applied_contributions, **self.staleness.counters()})
         self.policy.finish()

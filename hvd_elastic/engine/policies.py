@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _native
 from ..predictors import predict_interval
-from .ticker import COUNT, PEER_SPEED, still_peers
+from .ticker import COUNT, PEER_SPEED, PERIOD_NS, still_peers
 from .updates import DeltaUpdates, GradientUpdates
 
 
@@ -253,7 +253,8 @@ class Zipline(Policy):
     barrier placed where the predicted wait is least, at most R (lookahead) iterations after the previous one.
 
     Superstep: starts at clocks B (identical on every rank: taken from the barrier tick). Once every rank has
-    pushed in it, the first tick that shows so fixes the barrier: ZipLine over each rank's predicted next pushes
+    pushed in it (and, while there is room, every rank's push period is measured), the first tick that shows so
+    fixes the barrier: ZipLine over each rank's predicted next pushes
     e_q[i] = last_q + i * I_q, i = 1..L, L = R - (iterations already run by the most advanced rank), gives j_q and
     targets T_q = clock_q + j_q. The barrier completes at the first tick where every clock_q >= T_q. A rank never
     runs more than R iterations in a superstep: without a decision it stops at B_q + R (then, L = 0, every rank
@@ -261,6 +262,15 @@ class Zipline(Policy):
 
     name = "zipline"
     DIGEST_WORDS = 1 << 20   # weights hashed per barrier for the replica check (barrier_digest)
+
+    @property
+    def fresh_reads(self) -> bool:
+        """Between barriers a rank held only by its own update in flight applies every completed tick, as under
+        asp: where a round was split (one rank's push a tick late), its peers then compute on weights that hold it
+        instead of a gradient one update stale (measured: homogeneous runs with 1-7 split rounds in their first
+        supersteps drew stale gradients and trajectories off Horovod's, where asp, reading fresh, drew none). Not
+        with R = 1, which is BSP and must never show a rank another rank's next update."""
+        return self.cfg.lookahead > 1
 
     def attach(self, engine):
         super().attach(engine)
@@ -287,8 +297,12 @@ class Zipline(Policy):
         if self.targets is None:
             ran = view.clocks - self.start
             intervals = self.intervals.predicted() if (ran >= 1).all() else [-1]
-            if min(intervals) >= 0:
-                lookahead = int(self.R - ran.max())
+            lookahead = int(self.R - ran.max())
+            # While there is room, decide only once every rank's push period is measured (its second push): before
+            # it still_peers cannot hold, so the first barrier of a run went to ZipLine's windows even with equal
+            # speeds, where near-tied windows give the ranks targets one apart (a round split in two, early in the
+            # run, measured in the matrix's homogeneous zipline runs).
+            if min(intervals) >= 0 and (lookahead < 1 or (tick.meta[:, PERIOD_NS] > 0).all()):
                 if lookahead >= 1 and self.peers:
                     # Nobody is a straggler: every window predicts the same (near-zero) wait, and ZipLine's tie
                     # goes to the earliest -- a barrier every ~2.7 iterations, each one a wait for nothing.

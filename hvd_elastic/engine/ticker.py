@@ -42,8 +42,10 @@ Every choice depends only on past tables, which every rank holds identically, so
 collectives in the same order.
 
 Buffers: the update buffers are the frontend's own tensors (engine/buffers.py), preallocated and reused: pushes
-accumulate in place into the pending buffer; a tick swaps it for a zeroed spare; the training thread gives each
-applied tick's buffer back (recycle), and the tick thread zeroes it for reuse. No model-sized allocation per tick.
+accumulate in place into the pending buffer; a full tick swaps it for a zeroed spare, or, when none is free, leaves
+none and the next push takes one (_pending_buffer); the training thread gives each applied tick's buffer back
+(recycle), and the tick thread zeroes it for reuse. No model-sized allocation per tick: a rank makes at most as many
+buffers as it holds at once (`buffers_allocated`, `held_ticks_max` in the report), and keeps up to POOL_LIMIT.
 
 Pacing: the thread issues a tick at most every `tick_s` seconds, and backs off (doubling, up to `max_idle_s`) while
 ticks come back empty; once every rank's push period is measured it sleeps instead until shortly before the next
@@ -85,8 +87,9 @@ META_COLUMNS = 13
 # exactly; one rank fills each row and the others add zeros, so the Sum returns every piece exactly.
 META_PIECES = 4   # 16-bit pieces per int64
 _BASE = 1 << 16
-POOL_LIMIT = 1    # recycled buffers kept for reuse (beyond it, given back to the allocator): pending + the
-                  # tick in flight + this one is the steady state; more would only raise peak memory
+POOL_LIMIT = 8    # applied ticks' buffers kept for reuse (beyond it, given back to the allocator). Keeping them
+                  # never raises the peak (a buffer is only made when none is free), and a rank that applies
+                  # several ticks per step (a straggler k times slower: about k) then makes none per step
 BUSY_WINDOW, BUSY = 8, 6   # full ticks without probes while BUSY of the last BUSY_WINDOW ticks had pushes
 # Pacing (next_probe_s): probe QUIET_MARGIN of a period before a rank's predicted push; never sleep longer than
 # QUIET_MAX_S between ticks; look for a rank past its predicted push every OVERDUE_POLL of its period.
@@ -316,6 +319,9 @@ class Ticker:
         self._meta_words = size * META_COLUMNS * META_PIECES
         self._length = numel + self._meta_words          # [update | encoded metadata]
         self._pending = buffers.zeros(self._length)      # this rank's pushes since its last tick
+        self.buffers_allocated = 1                       # model-sized buffers made over the run
+        self._held = 0                                   # delivered ticks whose buffer is not given back yet
+        self.held_max = 0
         # Streamed pushes (stream=True: the frontend can hand a gradient over as backward produces it, and every
         # rank's frontend says the same): full ticks go in chunks, last parameters first (stream_begin).
         self._bounds = chunk_bounds(numel) if stream else [0, numel]
@@ -323,7 +329,7 @@ class Ticker:
         self._stream: Optional[_Stream] = None
         self._lead_ns = -1             # stream begin -> end (moving average)
         self._last_meta: Optional[np.ndarray] = None   # the table of the last completed tick
-        self._spare = None                               # a zeroed buffer for the next swap (tick thread only)
+        self._spare = None                               # a zeroed buffer for the next swap or push
         self._returned: List = []                        # applied ticks' buffers, given back (not zeroed yet)
         self._meta_buffer = buffers.zeros(self._meta_words)
         self._words = np.zeros(self._meta_words, np.float64)
@@ -374,7 +380,7 @@ class Ticker:
         `numel` words of the pending buffer (under the ticker's lock). Returns the rank's clock (pushes so far)."""
         with self._lock:
             self._check_open("push()")
-            accumulate(self.buffers.head(self._pending, self.numel))
+            accumulate(self.buffers.head(self._pending_buffer(), self.numel))
             now_ns = self.now_ns()
             self._add_pending(now_ns)
             return self._count_push(now_ns, interval_ns)
@@ -387,6 +393,23 @@ class Ticker:
             raise TickerError("push after finish()")
         if self._stream is not None:
             raise TickerError(f"{what} while a streamed push is under way")
+
+    def _pending_buffer(self):
+        """(Under the lock.) The pending buffer. A full tick takes it and leaves the spare in its place, or nothing
+        when no spare is free (the last tick's buffer is not given back yet): the first push after that makes it --
+        the spare if the tick thread has zeroed one since, else a given-back buffer (zeroed here), else a new one.
+        Made lazily, a rank whose previous tick is still unapplied when the next one leaves holds two buffers (that
+        tick, the one in flight), not three."""
+        if self._pending is None:
+            if self._spare is not None:
+                self._pending, self._spare = self._spare, None
+            elif self._returned:
+                self._pending = self._returned.pop()
+                self.buffers.zero_(self._pending)
+            else:
+                self.buffers_allocated += 1
+                self._pending = self.buffers.zeros(self._length)
+        return self._pending
 
     def _add_pending(self, since_ns: int):
         if self._pending_count == 0:
@@ -459,7 +482,7 @@ class Ticker:
             self._lead_ns = lead if self._lead_ns < 0 else int(self._lead_ns + 0.2 * (lead - self._lead_ns))
             if st.state == _Stream.ANNOUNCED:      # no tick took it: an ordinary push
                 self._stream = None
-                st.accumulate(self.buffers.head(self._pending, self.numel), 0, self.numel)
+                st.accumulate(self.buffers.head(self._pending_buffer(), self.numel), 0, self.numel)
                 self._add_pending(st.since_ns)
             else:
                 st.complete, st.end_ns = True, now_ns
@@ -528,6 +551,7 @@ class Ticker:
         """Give an applied tick's buffer back for reuse (its update must not be read afterwards)."""
         if tick.buffer is not None:
             with self._lock:
+                self._held -= 1
                 if len(self._returned) < POOL_LIMIT:
                     self._returned.append(tick.buffer)
             tick.buffer = tick.update = None
@@ -549,10 +573,23 @@ class Ticker:
         """A zeroed model-sized buffer: a recycled one (zeroed here, outside the lock) or a new one."""
         with self._lock:
             buf = self._returned.pop() if self._returned else None
+            if buf is None:
+                self.buffers_allocated += 1
         if buf is None:
             return self.buffers.zeros(self._length)
         self.buffers.zero_(buf)
         return buf
+
+    def _keep(self, buf):
+        """A zeroed buffer, as the pending buffer if there is none (a full tick needs one), else as the spare, else
+        back to the pool."""
+        with self._lock:
+            if self._pending is None:
+                self._pending = buf
+            elif self._spare is None:
+                self._spare = buf
+            else:
+                self._returned.append(buf)
 
     def _encode_row(self, index: int, count: int, clock: int, pending: int, since_ns: int, streaming: int):
         """This rank's row of the next tick's table (the other rows stay -1: zeros once encoded), into _words.
@@ -640,7 +677,7 @@ class Ticker:
             buffers, numel = self.buffers, self.numel
             while True:
                 if self._spare is None and self._returned:   # zero the next spare now, off the release's path
-                    self._spare = self._zeroed_buffer()
+                    self._keep(self._zeroed_buffer())
                 join = self.join_pacing or joining
                 if join:
                     self._await_join(last + idle_s)
@@ -655,8 +692,8 @@ class Ticker:
                 last = time.monotonic()
                 full = join or release_now or (numel < CHUNK_WORDS and sum(recent) >= BUSY)
                 release_now = False
-                if full and self._spare is None:
-                    self._spare = self._zeroed_buffer()
+                if full and self._pending is None:   # nothing pushed since the last full tick took it: a
+                    self._keep(self._zeroed_buffer())   # zeroed buffer to receive this tick's sum in
                 send, member = None, None
                 with self._lock:
                     self.in_flight = True
@@ -693,7 +730,8 @@ class Ticker:
                 if full:                        # a model-sized allreduce, even when nobody pushed into it
                     self.payload_collectives += 1
                 if not total and send is not None:   # an empty full tick's buffer sums zeros: it stays a zeroed spare
-                    self._spare, send = send, None
+                    self._keep(send)
+                    send = None
                 release_now = not full and release(meta, self.hold_fraction)
                 dt = time.perf_counter() - t0
                 tick = Tick(index, buffers.head(send, numel) if total else None, meta, dt, send if total else None)
@@ -704,6 +742,8 @@ class Ticker:
                     self.comm_s += dt
                     if total:
                         self.nonempty_ticks += 1
+                        self._held += 1
+                        self.held_max = max(self.held_max, self._held)
                     self.delivered_total += total
                     if full:
                         self.mean_count += 0.2 * (total - self.mean_count)

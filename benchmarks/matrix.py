@@ -66,6 +66,7 @@ POLICIES: Dict[str, Optional[Dict[str, str]]] = {
     "ssp-s3": {"HVD_ELASTIC_POLICY": "ssp", "HVD_ELASTIC_STALENESS": "3"},
     "ssp-s10": {"HVD_ELASTIC_POLICY": "ssp", "HVD_ELASTIC_STALENESS": "10"},
     "dssp": {"HVD_ELASTIC_POLICY": "dssp"},
+    "dssp-inflight1": {"HVD_ELASTIC_POLICY": "dssp", "HVD_ELASTIC_MAX_INFLIGHT": "1"},
     "dssp-join": {"HVD_ELASTIC_POLICY": "dssp", "HVD_ELASTIC_TICK_PACING": "join"},
     "dssp-probe": {"HVD_ELASTIC_POLICY": "dssp", "HVD_ELASTIC_TICK_PACING": "probe"},
     "zipline-R15": {"HVD_ELASTIC_POLICY": "zipline", "HVD_ELASTIC_LOOKAHEAD": "15"},

@@ -14,10 +14,10 @@ update is complete, or stream it while backward produces it: :meth:`SyncEngine.s
 update, applies completed ticks in tick order (pull) and blocks while the policy's gate is closed, applying ticks as
 they arrive. A rank held at its step boundary -- by the policy's rule, or by its own update in flight unless the
 policy reads fresh (asp, wbsp, zipline with R > 1) -- resumes on exactly the state of the tick that released it:
-ticks that completed after that one wait for its next step boundary. (Applying them too would let its next gradient see other ranks'
-*next* updates, which BSP never does: with s = 0 the weights would drift from BSP's. With the push at the end of
-backward a fast rank's next update is often already in such a tick.) A rank whose gate is open applies every
-completed tick (freshest weights).
+ticks that completed after that one wait for its next step boundary. (Applying them too would let its next
+gradient see other ranks' *next* updates, which BSP never does: with s = 0 the weights would drift from BSP's.
+With the push at the end of backward a fast rank's next update is often already in such a tick.) A rank whose gate
+is open applies every completed tick (freshest weights).
 """
 from __future__ import annotations
 

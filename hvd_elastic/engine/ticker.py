@@ -403,12 +403,8 @@ class Ticker:
         if self._pending is None:
             if self._spare is not None:
                 self._pending, self._spare = self._spare, None
-            elif self._returned:
-                self._pending = self._returned.pop()
-                self.buffers.zero_(self._pending)
             else:
-                self.buffers_allocated += 1
-                self._pending = self.buffers.zeros(self._length)
+                self._pending = self._zeroed(self._take_free())
         return self._pending
 
     def _add_pending(self, since_ns: int):
@@ -570,11 +566,20 @@ class Ticker:
 
     # ---- background thread -----------------------------------------------------------------------------------
     def _zeroed_buffer(self):
-        """A zeroed model-sized buffer: a recycled one (zeroed here, outside the lock) or a new one."""
+        """A zeroed model-sized buffer: a given-back one (zeroed here, outside the lock) or a new one."""
         with self._lock:
-            buf = self._returned.pop() if self._returned else None
-            if buf is None:
-                self.buffers_allocated += 1
+            buf = self._take_free()
+        return self._zeroed(buf)
+
+    def _take_free(self):
+        """(Under the lock.) A given-back buffer, or None after counting the new one the caller is to make."""
+        if self._returned:
+            return self._returned.pop()
+        self.buffers_allocated += 1
+        return None
+
+    def _zeroed(self, buf):
+        """`buf` (from _take_free) zeroed, or a new zeroed buffer when it is None."""
         if buf is None:
             return self.buffers.zeros(self._length)
         self.buffers.zero_(buf)

@@ -74,6 +74,7 @@ POLICIES: Dict[str, Optional[Dict[str, str]]] = {
                            "HVD_ELASTIC_PREDICTOR": "median"},
     "zipline-R15-ewma": {"HVD_ELASTIC_POLICY": "zipline", "HVD_ELASTIC_LOOKAHEAD": "15",
                          "HVD_ELASTIC_PREDICTOR": "ewma"},
+    "zipline-R30": {"HVD_ELASTIC_POLICY": "zipline", "HVD_ELASTIC_LOOKAHEAD": "30"},
     "zipline-R60": {"HVD_ELASTIC_POLICY": "zipline", "HVD_ELASTIC_LOOKAHEAD": "60"},
     "zipline-R15-join": {"HVD_ELASTIC_POLICY": "zipline", "HVD_ELASTIC_LOOKAHEAD": "15",
                          "HVD_ELASTIC_TICK_PACING": "join"},

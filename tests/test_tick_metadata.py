@@ -191,3 +191,39 @@ def test_still_peers_enters_at_peer_speed_and_leaves_past_the_exit_speed():
         peers = still_peers(table, peers)
         seen.append(peers)
     assert seen == [False, True, True, False, False, True]
+
+
+def _zipline_after(meta, barriers=0):
+    """A zipline policy (R = 15) that has seen one tick with table `meta` (every rank two pushes in); `barriers`:
+    barriers already behind it."""
+    from types import SimpleNamespace
+
+    from hvd_elastic.config import Config
+    from hvd_elastic.engine.policies import Zipline
+    from hvd_elastic.engine.view import GlobalView
+    pol = Zipline(Config(policy="zipline", lookahead=15))
+    pol.attach(SimpleNamespace(size=len(meta), rank=0))
+    pol.barriers = barriers
+    view = GlobalView(len(meta))
+    view.update(meta)
+    pol.on_tick(SimpleNamespace(meta=meta, index=1), view)
+    return pol
+
+
+def test_zipline_first_barrier_of_ranks_within_the_exit_speed_goes_to_the_bound():
+    """zipline's first barrier (engine/policies.py Zipline.on_tick): warm-up step times 1.33x apart (within
+    AUTO_EXIT_SPEED, not PEER_SPEED) still count as peers before the first barrier, so its targets are the bound at
+    one clock for every rank -- ZipLine's windows gave equally fast ranks targets a clock apart there (a split round).
+    After a first barrier the entry test applies again; a 3x straggler goes to ZipLine's windows either way."""
+    from hvd_elastic.engine.ticker import INTERVAL_NS
+    ms = 1_000_000
+    noisy = _table({"COUNT": [1, 1, 1, 1], "CLOCK": [2, 2, 2, 2], "LAST_PUSH_NS": [80 * ms, 81 * ms, 80 * ms, 80 * ms],
+                    "INTERVAL_NS": [30 * ms, 40 * ms, 30 * ms, 30 * ms],
+                    "PERIOD_NS": [40 * ms, 41 * ms, 40 * ms, 40 * ms]})
+    first = _zipline_after(noisy)
+    assert first.at_bound == 1 and first.targets.tolist() == [15, 15, 15, 15] and not first.spreads_ns
+    later = _zipline_after(noisy, barriers=1)
+    assert later.at_bound == 0 and len(later.spreads_ns) == 1      # ZipLine's windows placed it
+    straggler = _with(noisy, 3, INTERVAL_NS, 90 * ms)
+    for pol in (_zipline_after(straggler), _zipline_after(straggler, barriers=1)):
+        assert pol.at_bound == 0 and len(pol.spreads_ns) == 1 and pol.targets is not None

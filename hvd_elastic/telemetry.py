@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from .engine.staleness import summarize
 
 
 class Telemetry:
@@ -97,6 +96,26 @@ def build_report(snapshots: List[Dict[str, Any]], policy: str, config: Dict[str,
         histogram = dict(sorted(merged.items(), key=lambda kv: int(kv[0])))
         report["staleness"] = {**summarize(merged), "histogram": histogram}
     return report
+
+
+def summarize(histogram: Mapping) -> Dict:
+    """Staleness figures (hvd_elastic/engine/staleness.py) of a histogram {staleness: count} (keys may be strings):
+    mean, p50, p90, max and the number of updates."""
+    items = sorted((int(k), int(v)) for k, v in histogram.items() if int(v) > 0)
+    n = sum(v for _, v in items)
+    if not n:
+        return {"updates": 0, "mean": 0.0, "p50": 0, "p90": 0, "max": 0}
+
+    def quantile(q):
+        need, seen = q * n, 0
+        for s, v in items:
+            seen += v
+            if seen >= need:
+                return s
+        return items[-1][0]
+
+    return {"updates": n, "mean": round(sum(s * v for s, v in items) / n, 3), "p50": quantile(0.5),
+            "p90": quantile(0.9), "max": items[-1][0]}
 
 
 def format_report(report: Dict[str, Any]) -> str:

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from hvd_elastic.engine.staleness import compensation_weight, summarize
+from hvd_elastic.engine.staleness import compensation_weight
+from hvd_elastic.telemetry import summarize
 from launch import launch
 
 

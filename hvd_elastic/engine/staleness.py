@@ -18,7 +18,9 @@ already received and whether a tick is in flight, so it is close to the stalenes
 """
 from __future__ import annotations
 
-from typing import Dict, Mapping
+from typing import Dict
+
+from ..telemetry import summarize
 
 COMPENSATIONS = ("none", "inverse", "damped")
 
@@ -75,21 +77,3 @@ class StalenessLog:
             out["mean_compensation_weight"] = round(self.weight_sum / n, 3)
         return out
 
-
-def summarize(histogram: Mapping) -> Dict:
-    """mean, p50, p90, max and the number of updates of a histogram {staleness: count} (keys may be strings)."""
-    items = sorted((int(k), int(v)) for k, v in histogram.items() if int(v) > 0)
-    n = sum(v for _, v in items)
-    if not n:
-        return {"updates": 0, "mean": 0.0, "p50": 0, "p90": 0, "max": 0}
-
-    def quantile(q):
-        need, seen = q * n, 0
-        for s, v in items:
-            seen += v
-            if seen >= need:
-                return s
-        return items[-1][0]
-
-    return {"updates": n, "mean": round(sum(s * v for s, v in items) / n, 3), "p50": quantile(0.5),
-            "p90": quantile(0.9), "max": items[-1][0]}

@@ -16,7 +16,6 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 import numpy as np
 
 
-
 class Telemetry:
     """Time accounting of one rank. Times are seconds from time.perf_counter()."""
 

@@ -17,8 +17,9 @@ native module:
   history), gpu mode ``LbbspGpuController.update`` over step times averaged over its window. The step time is
   this rank's computation (data, forward, backward, emulated delay), not the wait in the allreduce.
 - :class:`BatchPlan` -- the data: each step takes the next B indices of one shuffled order shared by all ranks
-  (same seed, per epoch) and rank p takes its slice of b_p of them, at offset ``sum_{q<p} b_q``; so an epoch
-  covers every sample exactly once across ranks whatever the sizes.
+  (same seed, per epoch), dealt to the ranks one at a time in rank order until rank p has its b_p
+  (:func:`batch_positions`); so an epoch covers every sample exactly once across ranks whatever the sizes, and at
+  equal sizes each rank's batch is the one torch's DistributedSampler (or ``tf.data``'s ``shard``) gives it.
 """
 from __future__ import annotations
 
@@ -175,10 +176,6 @@ class LbbspController:
         session.telemetry.add_step(compute + (t2 - t1), t1 - t0)
         session.last_step_end = t2
 
-    @property
-    def offset(self) -> int:
-        return int(sum(self.sizes[:self.rank]))
-
     def local_batch(self) -> int:
         return self.drawn if self.drawn is not None else self.sizes[self.rank]
 
@@ -236,6 +233,19 @@ class LbbspController:
         c["lbbsp_trace"] = {"size_changes": self.trace, "step_ms_per_10": self.step_ms_trace}
 
 
+def batch_positions(sizes, rank: int) -> np.ndarray:
+    """The positions (0 .. B-1, ascending) within a global batch that rank `rank` takes when the ranks take
+    ``sizes[p]`` samples each: the B positions are dealt one at a time in rank order, a rank leaving the deal once it
+    has its share. At equal sizes rank p gets positions p, p + n, p + 2n, ...: the split of torch's
+    DistributedSampler (and of ``tf.data``'s ``shard``), so with equal speeds lbbsp computes exactly the per-rank
+    batches -- and, summed, the gradient -- that Horovod computes on that sampler's order. Every rank computes every
+    rank's positions alike from the shared sizes."""
+    sizes = np.asarray(sizes, np.int64)
+    dealt = np.arange(int(sizes.max()))[:, None] < sizes[None, :]     # round k: the ranks that still take one
+    position = (np.cumsum(dealt.ravel()) - 1).reshape(dealt.shape)
+    return position[:int(sizes[rank]), rank]
+
+
 class BatchPlan:
     """Which samples each rank takes at each step of an epoch, under policy lbbsp (used by the frontends' data
     paths: ``hvd_elastic.torch.LbbspSampler``, ``hvd_elastic.keras.lbbsp_dataset``).
@@ -243,8 +253,8 @@ class BatchPlan:
     Each epoch shuffles ``range(dataset_len)`` with ``permutation(dataset_len, seed + epoch)`` (default: numpy's
     default generator; the torch frontend passes torch's ``randperm``, the permutation of torch's
     DistributedSampler): the same order on every rank; no shuffle with ``shuffle=False``. Step i of the epoch takes
-    positions ``[i B, (i+1) B)`` of that order; rank p takes the ``b_p`` of them at offset ``sum_{q<p} b_q``, with
-    the sizes decided after the previous step. The remainder ``dataset_len % B`` is dropped (``drop_last=True``) or
+    positions ``[i B, (i+1) B)`` of that order; rank p takes ``b_p`` of them (:func:`batch_positions`: dealt in rank
+    order, at equal sizes every n-th), with the sizes decided after the previous step. The remainder ``dataset_len % B`` is dropped (``drop_last=True``) or
     the last global batch is completed from the start of the order (``drop_last=False``: every sample at least
     once). Each pass uses the epoch set by :meth:`set_epoch` or else the previous pass's epoch + 1 (0 first). A
     batch's size is only known once the previous step is done, so drawing ahead of the steps (prefetching) raises
@@ -293,7 +303,6 @@ class BatchPlan:
             if ctl.drawn is not None and ctl.drawn_at == ctl.steps:
                 raise HvdElasticError(f"{what}: a batch was drawn before the previous one was stepped; lbbsp decides "
                                       f"each batch's size after the previous step, so draw one batch per step")
-            start = i * self.B + ctl.offset
-            b = ctl.sizes[ctl.rank]
-            ctl.drawn, ctl.drawn_at, ctl.pass_start = b, ctl.steps, i == 0
-            yield order[start:start + b]
+            mine = i * self.B + batch_positions(ctl.sizes, ctl.rank)
+            ctl.drawn, ctl.drawn_at, ctl.pass_start = len(mine), ctl.steps, i == 0
+            yield order[mine]

@@ -20,7 +20,7 @@ import pytest
 
 from hvd_elastic.config import Config
 from hvd_elastic.errors import ConfigError
-from hvd_elastic.lbbsp import check_settings
+from hvd_elastic.lbbsp import batch_positions, check_settings
 from launch import launch
 from test_bad_input import _assert_every_rank_failed_with
 
@@ -152,3 +152,26 @@ def test_settings_checks_without_a_job():
         check_settings(Config.from_env({"HVD_ELASTIC_GLOBAL_BATCH": "64", "HVD_ELASTIC_LBBSP_CAPS": "5:3"}), 4)
     with pytest.raises(ConfigError, match="HVD_ELASTIC_LBBSP_CAPS='1:2.5' is not valid; accepted: .*whole SAMPLES"):
         Config.from_env({"HVD_ELASTIC_LBBSP_CAPS": "1:2.5"})
+
+
+@pytest.mark.parametrize("sizes", [[16, 16, 16, 16], [10, 30, 6, 18], [1, 47], [5, 1, 1, 9, 2]])
+def test_batch_positions_deal_every_position_once_and_equal_sizes_split_as_distributed_sampler(sizes):
+    import torch
+    B, n = sum(sizes), len(sizes)
+    dealt = [batch_positions(sizes, p) for p in range(n)]
+    assert [len(d) for d in dealt] == sizes
+    assert all((np.diff(d) > 0).all() for d in dealt)
+    assert sorted(np.concatenate(dealt).tolist()) == list(range(B))
+    # dealt in rank order: among the ranks still taking samples, position k goes to the next one
+    owner = np.empty(B, int)
+    for p, d in enumerate(dealt):
+        owner[d] = p
+    assert owner[:n].tolist() == list(range(n))
+    if len(set(sizes)) == 1:
+        # torch's DistributedSampler over 3 global batches: rank p's i-th batch of B / n is exactly its positions
+        order = torch.randperm(3 * B, generator=torch.Generator().manual_seed(4))
+        for p in range(n):
+            ds = list(torch.utils.data.DistributedSampler(range(3 * B), num_replicas=n, rank=p, shuffle=True,
+                                                          seed=4))
+            for i in range(3):
+                assert ds[i * sizes[p]:(i + 1) * sizes[p]] == order[i * B + dealt[p]].tolist()

@@ -222,9 +222,9 @@ def lbbsp_dataset(optimizer, data, seed: int = 0, drop_last: bool = True, shuffl
 
     `data` is an array or a tuple of arrays with the same first dimension (``(x, y)`` or ``(x, y, sample_weight)``).
     Step i of an epoch takes the next B indices of one shuffled order shared by all ranks (``seed + epoch``) and
-    this rank gets its b_p of them -- the size the policy decided after the previous step -- so across ranks an
-    epoch covers every sample exactly once (:class:`hvd_elastic.lbbsp.BatchPlan`; ``drop_last`` as there). The
-    batches are gathered by a ``tf.data`` map, so a further ``.map`` (augmentation, decoding) may follow; nothing
+    this rank gets b_p of them (dealt in rank order: at equal sizes every n-th, as ``tf.data``'s ``shard``) -- the
+    size the policy decided after the previous step -- so across ranks an epoch covers every sample exactly once
+    (:class:`hvd_elastic.lbbsp.BatchPlan`; ``drop_last`` as there). The batches are gathered by a ``tf.data`` map, so a further ``.map`` (augmentation, decoding) may follow; nothing
     may batch, shuffle or prefetch it again: a batch drawn before the previous step is done raises an error.
     The dataset's length is the number of steps per epoch (``len(data) // B``, rounded up without drop_last)."""
     state = state_of(optimizer, "lbbsp_dataset")

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 import hvd_elastic.errors as hvde_errors
 import hvd_elastic.torch as hvde
+from hvd_elastic.lbbsp import batch_positions
 
 import faults
 
@@ -55,9 +56,8 @@ def check(args):
             for i, (xb, yb) in enumerate(loader):
                 sizes = hvde.batch_sizes(opt)
                 steps.append({"sizes": sizes, "local": len(xb)})
-                # this rank's indices: the same slice the sampler computed (recomputed here to record them)
-                off = sum(sizes[:hvd.rank()])
-                batch_idx = order[i * sampler.B + off: i * sampler.B + off + sizes[hvd.rank()]]
+                # this rank's indices: the positions the sampler dealt it (recomputed here to record them)
+                batch_idx = order[i * sampler.B + torch.from_numpy(batch_positions(sizes, hvd.rank()))]
                 assert torch.equal(x[batch_idx], xb)
                 mine.extend(batch_idx.tolist())
                 ref = None

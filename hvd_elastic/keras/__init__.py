@@ -224,9 +224,10 @@ def lbbsp_dataset(optimizer, data, seed: int = 0, drop_last: bool = True, shuffl
     Step i of an epoch takes the next B indices of one shuffled order shared by all ranks (``seed + epoch``) and
     this rank gets b_p of them (dealt in rank order: at equal sizes every n-th, as ``tf.data``'s ``shard``) -- the
     size the policy decided after the previous step -- so across ranks an epoch covers every sample exactly once
-    (:class:`hvd_elastic.lbbsp.BatchPlan`; ``drop_last`` as there). The batches are gathered by a ``tf.data`` map, so a further ``.map`` (augmentation, decoding) may follow; nothing
-    may batch, shuffle or prefetch it again: a batch drawn before the previous step is done raises an error.
-    The dataset's length is the number of steps per epoch (``len(data) // B``, rounded up without drop_last)."""
+    (:class:`hvd_elastic.lbbsp.BatchPlan`; ``drop_last`` as there). The batches are gathered by a ``tf.data`` map,
+    so a further ``.map`` (augmentation, decoding) may follow; nothing may batch, shuffle or prefetch it again: a
+    batch drawn before the previous step is done raises an error. The dataset's length is the number of steps per
+    epoch (``len(data) // B``, rounded up without drop_last)."""
     state = state_of(optimizer, "lbbsp_dataset")
     if state.cfg.policy != "lbbsp":
         raise ConfigError(f"lbbsp_dataset() needs policy lbbsp (HVD_ELASTIC_POLICY=lbbsp); this optimizer runs "

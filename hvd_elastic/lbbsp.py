@@ -256,9 +256,9 @@ class BatchPlan:
     positions ``[i B, (i+1) B)`` of that order; rank p takes ``b_p`` of them (:func:`batch_positions`: dealt in rank
     order, at equal sizes every n-th), with the sizes decided after the previous step. The remainder
     ``dataset_len % B`` is dropped (``drop_last=True``) or the last global batch is completed from the start of the
-    order (``drop_last=False``: every sample at least once). Each pass uses the epoch set by :meth:`set_epoch` or else the previous pass's epoch + 1 (0 first). A
-    batch's size is only known once the previous step is done, so drawing ahead of the steps (prefetching) raises
-    HvdElasticError."""
+    order (``drop_last=False``: every sample at least once). Each pass uses the epoch set by :meth:`set_epoch` or
+    else the previous pass's epoch + 1 (0 first). A batch's size is only known once the previous step is done, so
+    drawing ahead of the steps (prefetching) raises HvdElasticError."""
 
     def __init__(self, dataset_len: int, controller: Callable[[], LbbspController], seed: int = 0,
                  drop_last: bool = True, shuffle: bool = True,

@@ -36,14 +36,6 @@ from .predictors import predict_interval
 _META = 3                      # columns of the metadata table: step time (ns), samples, first step of a pass
 _LAGGED = _META + 1            # the overlapped step's table: the previous step's _META columns + this step's samples
 HISTORY = 32                   # per-sample times kept per rank for the cpu-mode predictor
-# The cpu mode's noise band (noise_band): the dead band is at least the spread that timing noise alone gives the
-# ranks' predicted finish times -- NOISE_QUANTILE of the range of n forecasts -- once every rank has NOISE_HISTORY
-# per-sample times; at most NOISE_BAND_MAX, so a rank twice as slow as another is always re-balanced.
-NOISE_QUANTILE, NOISE_HISTORY, NOISE_BAND_MAX = 0.95, 8, 0.4
-# How much of one step's (stationary) time noise each predictor's forecast keeps, in standard deviations: last all
-# of it, ewma (alpha 0.3, predict_ewma_interval's default) sqrt(alpha / (2 - alpha)), median of 8 about
-# 1.25 / sqrt(8); arx is taken as last (it fits the noise it sees).
-PREDICTOR_NOISE = {"last": 1.0, "ewma": (0.3 / 1.7) ** 0.5, "median": 1.2533 / 8 ** 0.5, "arx": 1.0}
 TRACE_LIMIT = 2000             # most size changes kept in the report trace
 
 
@@ -72,33 +64,6 @@ def check_settings(cfg, size: int) -> List[int]:
     return [min(c, B) for c in caps]
 
 
-def noise_band(history: List[List[int]], predictor: str) -> float:
-    """The imbalance that timing noise alone gives the ranks' predicted finish times (cpu mode), as a fraction of
-    the largest: per rank, the standard deviation of its per-sample time from one step to the next, in relative
-    terms (the median of |ln x_t - ln x_{t-1}| over its history, / (0.6745 sqrt 2): a change of speed is one
-    difference among many and does not count), times the share of it the predictor's forecast keeps
-    (PREDICTOR_NOISE), times the NOISE_QUANTILE point of the range of n standard normal draws (one per rank). The
-    noisiest rank's figure; 0 while a rank has fewer than NOISE_HISTORY times; at most NOISE_BAND_MAX. A function of
-    the histories, which every rank holds identically."""
-    if not history or min(len(h) for h in history) < NOISE_HISTORY:
-        return 0.0
-    sigma = max(float(np.median(np.abs(np.diff(np.log(np.asarray(h, np.float64)))))) for h in history)
-    sigma /= 0.6745 * 2 ** 0.5
-    return min(NOISE_BAND_MAX, _range_quantile(len(history)) * PREDICTOR_NOISE[predictor] * sigma)
-
-
-_RANGE_QUANTILES = {}
-
-
-def _range_quantile(n: int) -> float:
-    """NOISE_QUANTILE point of the range (max - min) of n independent standard normal draws (seeded simulation:
-    every rank gets the same figure; 3.63 for n = 4)."""
-    if n not in _RANGE_QUANTILES:
-        draws = np.random.default_rng(0).standard_normal((4000, n))
-        _RANGE_QUANTILES[n] = float(np.quantile(np.ptp(draws, axis=1), NOISE_QUANTILE))
-    return _RANGE_QUANTILES[n]
-
-
 class LbbspController:
     """The per-job state every rank holds identically: current sizes, the rule, and the telemetry of the sizes."""
 
@@ -120,7 +85,6 @@ class LbbspController:
             self.gpu = None
             self.sizes = list(_native.lbbsp_batch_sizes_cpu([1.0] * size, self.batch_size, self.caps))
         self.resizes = 0
-        self.band = self.band_max = cfg.lbbsp_tolerance   # cpu mode's dead band at the last decision (noise_band)
         self.trace = [[0, self.sizes[rank]]]
         self.size_min = self.size_max = self.sizes[rank]
         self.step_ns_sum = 0
@@ -239,9 +203,8 @@ class LbbspController:
                 h.append(max(1, int(step_ns[p] // max(int(samples[p]), 1))))
                 del h[:-HISTORY]
             throughput = [1e9 / max(predict_interval(self.cfg.predictor, h), 1) for h in self.history]
-            self.band = max(self.cfg.lbbsp_tolerance, noise_band(self.history, self.cfg.predictor))
-            self.band_max = max(self.band_max, self.band)
-            new = list(_native.lbbsp_resize_cpu(throughput, self.sizes, self.batch_size, self.caps, self.band))
+            new = list(_native.lbbsp_resize_cpu(throughput, self.sizes, self.batch_size, self.caps,
+                                                self.cfg.lbbsp_tolerance))
         self.steps += 1
         mine = int(step_ns[self.rank]) if mine_ns is None else int(mine_ns)
         self.step_ns_sum += mine
@@ -265,8 +228,6 @@ class LbbspController:
         c["lbbsp_sizes"] = list(self.sizes)               # the sizes for the next step, every rank's
         c["lbbsp_size_min"], c["lbbsp_size_max"] = self.size_min, self.size_max
         c["lbbsp_resizes"] = self.resizes
-        if self.mode == "cpu":
-            c["lbbsp_band"], c["lbbsp_band_max"] = round(self.band, 4), round(self.band_max, 4)
         c["lbbsp_step_ms_mean"] = round(self.step_ns_sum / max(self.steps, 1) / 1e6, 3)
         # dict: kept out of the printed table, carried by the JSON report
         c["lbbsp_trace"] = {"size_changes": self.trace, "step_ms_per_10": self.step_ms_trace}

@@ -20,7 +20,7 @@ import pytest
 
 from hvd_elastic.config import Config
 from hvd_elastic.errors import ConfigError
-from hvd_elastic.lbbsp import NOISE_BAND_MAX, NOISE_HISTORY, batch_positions, check_settings, noise_band
+from hvd_elastic.lbbsp import batch_positions, check_settings
 from launch import launch
 from test_bad_input import _assert_every_rank_failed_with
 
@@ -175,25 +175,3 @@ def test_batch_positions_deal_every_position_once_and_equal_sizes_split_as_distr
                                                           seed=4))
             for i in range(3):
                 assert ds[i * sizes[p]:(i + 1) * sizes[p]] == order[i * B + dealt[p]].tolist()
-
-
-def test_noise_band_is_the_spread_noise_alone_gives_and_ignores_a_change_of_speed():
-    rng = np.random.default_rng(3)
-
-    def ranks(sigma, n=4, steps=32, speeds=None):
-        speeds = speeds or [1.0] * n
-        return [list((1e6 * s * np.exp(sigma * rng.standard_normal(steps))).astype(np.int64)) for s in speeds]
-
-    assert noise_band(ranks(0.1, steps=NOISE_HISTORY - 1), "last") == 0.0          # too few times to tell
-    quiet, noisy = noise_band(ranks(0.005), "last"), noise_band(ranks(0.08), "last")
-    assert quiet < 0.05                    # a quiet cluster: the configured tolerance (0.05) rules
-    assert 0.2 < noisy < 0.4               # about 3.6 standard deviations of 8% noise for 4 ranks
-    assert noise_band(ranks(0.08), "ewma") < 0.6 * noisy                              # a smoother forecast
-    assert noise_band(ranks(0.5), "last") == NOISE_BAND_MAX
-    # rank 3 turns three times slower halfway: one step-to-step difference among 31, not noise
-    jump = ranks(0.02)
-    jump[3] = [t * (3 if k >= 16 else 1) for k, t in enumerate(jump[3])]
-    assert noise_band(jump, "last") < 0.1
-    # the band is what it says: with equal speeds, noise alone rarely spreads 4 'last' forecasts wider than it
-    spreads = [np.ptp(np.log([h[-1] for h in ranks(0.08)])) for _ in range(400)]
-    assert 0.8 <= np.mean(np.array(spreads) <= noisy) <= 0.99

@@ -144,7 +144,9 @@ class LbbspSampler(torch.utils.data.Sampler):
     ``DistributedSampler``'s (``torch.randperm`` seeded with ``seed + epoch``): whatever the sizes, step i takes the
     same global batch (as a set of samples) as B / n-sample batches from ``DistributedSampler(ds, seed=seed)`` on
     every rank, so lbbsp's gradient is the one Horovod averages on that order, up to rounding, and a job that
-    switches between lbbsp and Horovod's usual sampler keeps its data order. The remainder
+    switches between lbbsp and Horovod's usual sampler keeps its data order. The batch is dealt to the ranks as
+    that sampler splits it (:func:`hvd_elastic.lbbsp.batch_positions`), so at equal sizes each rank's batch is the
+    sampler's and lbbsp trains Horovod's weights to the last bit. The remainder
     ``dataset_len % B`` is dropped (``drop_last=True``) or the last global batch is completed from the start of the
     order (``drop_last=False``, as torch's DistributedSampler pads). The epoch advances by one at each new
     iteration unless :meth:`set_epoch` is called.

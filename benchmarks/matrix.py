@@ -221,6 +221,18 @@ def time_to_target(curve: Sequence[Sequence[float]], target: float) -> Optional[
     return reached
 
 
+def dip_after_target(curve: Sequence[Sequence[float]], target: float) -> Optional[float]:
+    """Largest fall of accuracy below its best so far, counted from the first evaluation at or above `target` (how
+    far a curve that got there falls back; 0.0: it never fell), or None when the curve never reached `target`."""
+    best, dip = None, 0.0
+    for _, _, acc in curve:
+        if best is None and acc < target:
+            continue
+        best = acc if best is None else max(best, acc)
+        dip = max(dip, best - acc)
+    return None if best is None else dip
+
+
 def final_accuracy(curve: Sequence[Sequence[float]], k: int = FINAL_EVALS) -> float:
     """Mean accuracy of the last k evaluations (the final one after finish() included)."""
     tail = [p[2] for p in curve[-k:]]
@@ -249,6 +261,7 @@ def summarize(res: Dict, target: float) -> Dict:
             "time_to_target_steps": None if reached is None else reached[1],
             "final_accuracy": round(final_accuracy(res["curve"]), 4),
             "end_accuracy": round(res["final_accuracy"], 4),
+            "dip_after_target": _round(dip_after_target(res["curve"], target), 4),
             "diverged": res.get("finite_weights") is False,          # NaN / inf in the final weights
             "staleness": staleness_of(res),
             "fast_compute_share": round(min(r["compute_share"] for r in fast), 3),
@@ -260,6 +273,10 @@ def summarize(res: Dict, target: float) -> Dict:
 
 
 # ---- over the seeds of a cell -------------------------------------------------------------------------------------
+def _round(v: Optional[float], digits: int) -> Optional[float]:
+    return None if v is None else round(v, digits)
+
+
 def spread(values: Sequence[Optional[float]]) -> Dict:
     """Median and min-max of the runs' values; None (never reached) counts as +infinity: the median is None when
     half or more of the runs never reached, min / max are over the runs that did (None when none did)."""
@@ -291,6 +308,7 @@ def aggregate(rows: List[Dict]) -> List[Dict]:
              "time_to_target_s": spread([r["time_to_target_s"] for r in rs]),
              "time_to_target_steps": spread([r["time_to_target_steps"] for r in rs]),
              "final_accuracy": spread([r["final_accuracy"] for r in rs]),
+             "dip_after_target": spread([r["dip_after_target"] for r in rs if r.get("dip_after_target") is not None]),
              "wall_s": spread([r["wall_s"] for r in rs]),
              "staleness": (None if any(s is None for s in stale) else
                            {k: statistics.median([s[k] for s in stale]) for k in ("mean", "p90", "max")}),
@@ -541,7 +559,9 @@ def markdown(cells: List[Dict], target: float, opts, images: List[str], img_pref
            f"(a seed fixes the initialization and the data order of every arm: torch's DistributedSampler, whose "
            f"permutation LbbspSampler draws too), median and min-max over the seeds; a run that never reached "
            f"counts 0. Final accuracy: mean of the last {FINAL_EVALS} evaluations "
-           f"('diverged': non-finite final weights). "
+           f"('diverged': non-finite final weights). Dip after {target:g}: the largest fall of the accuracy below "
+           f"its best so far, from the run's first evaluation at or above {target:g} on (over the runs that got "
+           f"there; plain Horovod's own curve falls back too at this learning rate). "
            f"Staleness: gradients applied between the weights a gradient was computed on and its application "
            f"(mean / p90 / max over all ranks' updates, median over the seeds; 0 for the synchronous policies by "
            f"construction, '-' where the report does not have it). Shares: of each rank's wall time; fast ranks "
@@ -557,16 +577,17 @@ def markdown(cells: List[Dict], target: float, opts, images: List[str], img_pref
             ref = reference_policy(fe)
             out += [f"### {fe}, {prof}: {PROFILES[prof][0]}", "",
                      f"| policy | reached | time to {target:g} s | speed-up vs {ref} | same-seed speed-up | "
-                     f"gradients to {target:g} | final accuracy | wall s | wall speed-up | "
+                     f"gradients to {target:g} | final accuracy | dip after {target:g} | wall s | wall speed-up | "
                      f"staleness mean / p90 / max | fast ranks' compute / wait |",
-                     "|---|---|---|---|---|---|---|---|---|---|---|"]
+                     "|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for c in sel:
                 t = c["time_to_target_s"]
                 div = f" ({c['diverged']} diverged)" if c.get("diverged") else ""
                 out.append(f"| {c['policy']} | {t['n'] - t['missing']}/{t['n']}{div} | {_ms(t)} | "
                            f"{_ms(c['speedup'], '.2f', 'x')} | {_ms(c['paired_speedup'], '.2f', 'x')} | "
                            f"{_ms(c['time_to_target_steps'], '.0f')} | "
-                           f"{_ms(c['final_accuracy'], '.4f')} | {_ms(c['wall_s'])} | "
+                           f"{_ms(c['final_accuracy'], '.4f')} | {_ms(c.get('dip_after_target'), '.3f')} | "
+                           f"{_ms(c['wall_s'])} | "
                            f"{_fmt(c['wall_speedup'])}{'x' if c['wall_speedup'] else ''} | "
                            f"{_staleness(c)} | {100 * c['fast_compute_share']:.0f}% / "
                            f"{100 * c['fast_wait_share']:.0f}% |")

@@ -13,8 +13,8 @@ import pytest
 
 from launch import BIN, ROOT
 
-from benchmarks.matrix import (Eta, aggregate, check_targets, final_accuracy, markdown, merge_runs, parse_args,
-                                      spread, summarize, time_to_target)
+from benchmarks.matrix import (Eta, aggregate, check_targets, dip_after_target, final_accuracy, markdown, merge_runs,
+                                      parse_args, spread, summarize, time_to_target)
 
 
 def _env():
@@ -134,6 +134,15 @@ def test_time_to_target_counts_only_once_accuracy_stays():
     assert time_to_target(curve[:3], 0.9) is None            # ends below after a crossing
     assert final_accuracy(curve) == pytest.approx((0.91 + 0.89 + 0.90 + 0.95 + 0.93) / 5)
     assert final_accuracy(curve[:2]) == pytest.approx((0.1 + 0.91) / 2)   # fewer than 5 evaluations: all of them
+
+
+def test_dip_after_target_is_the_largest_fall_from_the_best_since_the_first_crossing():
+    curve = [[0.0, 0, 0.1], [1.0, 10, 0.91], [2.0, 20, 0.89], [3.0, 30, 0.95], [4.0, 40, 0.70], [5.0, 50, 0.94]]
+    assert dip_after_target(curve, 0.9) == pytest.approx(0.25)     # 0.95 -> 0.70, not 0.91 -> 0.89
+    assert dip_after_target(curve[:3], 0.9) == pytest.approx(0.02)
+    assert dip_after_target(curve, 0.96) is None                   # never reached
+    assert dip_after_target([[0.0, 0, 0.5], [1.0, 10, 0.92], [2.0, 20, 0.93]], 0.9) == 0.0
+    assert dip_after_target([[0.0, 0, 0.95], [1.0, 10, 0.2]], 0.9) == pytest.approx(0.75)   # from the first on
 
 
 def test_median_and_spread_over_seeds():

@@ -2,7 +2,7 @@
 
 Framework-free: updates travel in flat buffers of the frontend's own tensor type, made and combined by its
 ``Buffers`` (the contract: engine/buffers.py; tf.Variables: tensorflow/buffers.py; torch tensors: torch/buffers.py).
-The frontend supplies ``allreduce_sum(buffers, name)`` (an in-place Sum allreduce over all ranks, with Horovod's
+The frontend supplies ``allreduce_sum(buffers, name, block)`` (an in-place Sum allreduce over all ranks, with Horovod's
 ops) and the callbacks of the policy's update kind (engine/updates.py): ``apply_gradient(update, scale, share)``
 for gradient policies (one optimizer step on the replica with gradient scale x update; share: the part of a round
 of n gradients the tick carries), ``read_params()`` (or ``read_params_into(buf)``, which spares a flat copy) /
@@ -39,7 +39,7 @@ class SyncEngine:
     """One rank's side of a relaxed-synchronization run."""
 
     def __init__(self, policy, rank: int, size: int, numel: int, buffers,
-                 allreduce_sum: Callable[[list, str], None], telemetry: Telemetry,
+                 allreduce_sum: Callable[[list, str, bool], None], telemetry: Telemetry,
                  tick_s: float, epoch_ns: int,
                  apply_gradient: Optional[Callable[[Any, float, float], None]] = None,
                  read_params: Optional[Callable[[], Any]] = None,
@@ -111,7 +111,9 @@ class SyncEngine:
         ``interval_s``: the rank's step compute time, for the schedulers' predictions."""
         weight = self._push_weight()
         add = self.updates.push_function(accumulate)
-        self.ticker.push(lambda dst: add(dst, weight), int(interval_s * 1e9))
+        # inline: this rank waits for its own push's tick (no push may stay in flight), so while ticks are joined
+        # its training thread may send it itself (Ticker.run_inline)
+        self.ticker.push(lambda dst: add(dst, weight), int(interval_s * 1e9), inline=self.policy.max_inflight == 0)
         self._pushed(weight)
 
     def _push_weight(self) -> float:
@@ -241,7 +243,8 @@ class SyncEngine:
         self.telemetry.counters.update({
             "ticks": self.ticker.ticks, "nonempty_ticks": self.ticker.nonempty_ticks,
             "payload_collectives": self.ticker.payload_collectives,
-            "join_ticks": self.ticker.join_ticks, "bytes_reduced": self.ticker.bytes_reduced,
+            "join_ticks": self.ticker.join_ticks, "inline_ticks": self.ticker.inline_ticks,
+            "bytes_reduced": self.ticker.bytes_reduced,
             "streamed_pushes": self.ticker.streamed, "buffers_allocated": self.ticker.buffers_allocated,
             "held_ticks_max": self.ticker.held_max,
             "tick_comm_s": round(self.ticker.comm_s, 3), "pushed": self.pushed,

@@ -76,17 +76,19 @@ def _instrument_bsp(opt, session: Session):
 POLL_S = (5e-5, 1e-3)   # _allreduce_sum: first and longest sleep between polls of a pending collective
 
 
-def _allreduce_sum(tensors, name):
-    """In-place Sum allreduce of flat torch tensors over all ranks (the engine's data plane, on the tick thread).
+def _allreduce_sum(tensors, name, block=False):
+    """In-place Sum allreduce of flat torch tensors over all ranks (the engine's data plane).
 
-    Waits by polling with sleeps (50 us, doubling up to 1 ms), not in hvd.synchronize(): Horovod's wait spins
-    (std::this_thread::yield in a loop), and a tick thread spinning while a probe or a streamed chunk waits for the
-    other ranks takes a core from the rank's own forward and backward -- measured on 2 cores, 10M parameters, 2 ranks:
-    forward and backward ran twice as long as under plain Horovod, whose training thread only waits after backward."""
+    On the tick thread (block=False) it waits by polling with sleeps (50 us, doubling up to 1 ms), not in
+    hvd.synchronize(): Horovod's wait spins (std::this_thread::yield in a loop), and a tick thread spinning while a
+    probe or a streamed chunk waits for the other ranks takes a core from the rank's own forward and backward --
+    measured on 2 cores, 10M parameters, 2 ranks: forward and backward ran twice as long as under plain Horovod, whose
+    training thread only waits after backward. The training thread running its own tick (block=True: it has nothing
+    else to do) waits in hvd.synchronize(), as under plain Horovod."""
     handles = [hvd.allreduce_async_(t, op=hvd.Sum, name=f"{name}.{i}") for i, t in enumerate(tensors)]
     for h in handles:
         nap = POLL_S[0]
-        while not hvd.poll(h):
+        while not block and not hvd.poll(h):
             time.sleep(nap)
             nap = min(2 * nap, POLL_S[1])
         hvd.synchronize(h)

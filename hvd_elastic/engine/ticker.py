@@ -694,7 +694,7 @@ class Ticker:
         training thread changes what it will do next: a push or a finish joins at once, a gate re-decides);
         without a prediction until `fallback` (monotonic; tick_s pacing)."""
         with self._lock:
-            while not (self._wake or self._finished or self._pending_count):
+            while not (self._wake or self._finished or self._pending_count or self._stopped):
                 meta, wait = self._last_meta, None
                 if meta is not None:
                     meta = meta.copy()      # this rank's own row as it stands now

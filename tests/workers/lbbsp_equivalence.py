@@ -28,6 +28,10 @@ def model_and_sgd():
     return model, torch.optim.SGD(model.parameters(), lr=0.1 * hvd.size(), momentum=0.9)
 
 
+def flat_weights(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).numpy().copy()
+
+
 def train(opt, model, loader, set_epoch):
     for epoch in range(EPOCHS):
         set_epoch(epoch)
@@ -35,7 +39,7 @@ def train(opt, model, loader, set_epoch):
             opt.zero_grad()
             F.cross_entropy(model(xb), yb).backward()
             opt.step()
-    return torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
+    return flat_weights(model)
 
 
 def main():
@@ -46,7 +50,7 @@ def main():
 
     model, sgd = model_and_sgd()
     opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
-    w_init = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy().copy()
+    w_init = flat_weights(model)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     sampler = torch.utils.data.DistributedSampler(ds, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=True,
                                                   seed=SEED, drop_last=True)
@@ -63,7 +67,7 @@ def main():
     with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
         json.dump({"rank": hvd.rank(), "w_hvd": w_hvd.astype(np.float32).tobytes().hex(),
                    "w_lbbsp": w_lbbsp.astype(np.float32).tobytes().hex(),
-                   "moved": float(np.abs(w_hvd - w_init).max()), "steps": len(sampler) * EPOCHS,
+                   "moved": float(np.abs(w_hvd - w_init).max()),
                    "counters": report["ranks"][hvd.rank()]["counters"]}, f)
 
 

@@ -233,6 +233,10 @@ def dip_after_target(curve: Sequence[Sequence[float]], target: float) -> Optiona
     return None if best is None else dip
 
 
+def _round(v: Optional[float], digits: int) -> Optional[float]:
+    return None if v is None else round(v, digits)
+
+
 def final_accuracy(curve: Sequence[Sequence[float]], k: int = FINAL_EVALS) -> float:
     """Mean accuracy of the last k evaluations (the final one after finish() included)."""
     tail = [p[2] for p in curve[-k:]]
@@ -273,10 +277,6 @@ def summarize(res: Dict, target: float) -> Dict:
 
 
 # ---- over the seeds of a cell -------------------------------------------------------------------------------------
-def _round(v: Optional[float], digits: int) -> Optional[float]:
-    return None if v is None else round(v, digits)
-
-
 def spread(values: Sequence[Optional[float]]) -> Dict:
     """Median and min-max of the runs' values; None (never reached) counts as +infinity: the median is None when
     half or more of the runs never reached, min / max are over the runs that did (None when none did)."""
@@ -586,7 +586,7 @@ def markdown(cells: List[Dict], target: float, opts, images: List[str], img_pref
                 out.append(f"| {c['policy']} | {t['n'] - t['missing']}/{t['n']}{div} | {_ms(t)} | "
                            f"{_ms(c['speedup'], '.2f', 'x')} | {_ms(c['paired_speedup'], '.2f', 'x')} | "
                            f"{_ms(c['time_to_target_steps'], '.0f')} | "
-                           f"{_ms(c['final_accuracy'], '.4f')} | {_ms(c.get('dip_after_target'), '.3f')} | "
+                           f"{_ms(c['final_accuracy'], '.4f')} | {_ms(c['dip_after_target'], '.3f')} | "
                            f"{_ms(c['wall_s'])} | "
                            f"{_fmt(c['wall_speedup'])}{'x' if c['wall_speedup'] else ''} | "
                            f"{_staleness(c)} | {100 * c['fast_compute_share']:.0f}% / "

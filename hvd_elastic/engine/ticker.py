@@ -404,8 +404,8 @@ class Ticker:
             accumulate(self.buffers.head(self._pending_buffer(), self.numel))
             now_ns = self.now_ns()
             self._add_pending(now_ns)
-            self._inline_due = inline and (self.join_pacing or self._joining) and not self._ticking
-            return self._count_push(now_ns, interval_ns)
+            self._inline_due = inline and self._joined and not self._ticking
+            return self._count_push(now_ns, interval_ns, wake=not self._inline_due)
 
     def _check_open(self, what: str):
         """(Under the lock.) This rank may start a push: the thread is healthy, finish() has not been called and
@@ -434,8 +434,9 @@ class Ticker:
             self._pending_since_ns = since_ns
         self._pending_count += 1
 
-    def _count_push(self, now_ns: int, interval_ns: int) -> int:
-        """A push of this rank is complete (under the lock): its clock, timing, and a wake-up of the tick thread."""
+    def _count_push(self, now_ns: int, interval_ns: int, wake: bool = True) -> int:
+        """A push of this rank is complete (under the lock): its clock, timing, and (wake) a wake-up of the tick
+        thread -- not for a push the training thread sends itself (run_inline)."""
         if self._last_push_ns >= 0:
             gap = now_ns - self._last_push_ns
             self._period_ns = gap if self._period_ns <= 0 else int(self._period_ns + 0.2 * (gap - self._period_ns))
@@ -443,8 +444,8 @@ class Ticker:
         self._push_times.append(time.perf_counter())
         self._last_push_ns = now_ns
         self._interval_ns = int(interval_ns)
-        if not self._inline_due:  # (an inline push: the training thread sends it, run_inline)
-            self._wake = True     # wake the tick thread from its idle wait: a push is what the next probe is for
+        if wake:                  # wake the tick thread from its idle wait: a push is what the next probe is for
+            self._wake = True
             self._lock.notify_all()
         return self._clock
 
@@ -568,6 +569,11 @@ class Ticker:
             self._completed.clear()
             return out
 
+    @property
+    def _joined(self) -> bool:
+        """The next tick is joined: join pacing, or auto pacing while every rank is a peer."""
+        return self.join_pacing or self._joining
+
     def run_inline(self) -> bool:
         """Training thread, about to wait for its own push (push(inline=True)): while ticks are joined and no tick
         is under way, run the next tick here -- the push's tick, which the tick thread would otherwise run after a
@@ -580,7 +586,7 @@ class Ticker:
                 return False
             self._inline_due = False
             if self._ticking or self._stopped or self._error is not None or self._stream is not None \
-                    or not self._pending_count or not (self.join_pacing or self._joining):
+                    or not self._pending_count or not self._joined:
                 self._wake = True
                 self._lock.notify_all()
                 return False
@@ -738,7 +744,7 @@ class Ticker:
                 if self._spare is None and self._returned:   # zero the next spare now, off the release's path
                     self._keep(self._zeroed_buffer())
                 seen = self.ticks
-                join = self.join_pacing or self._joining
+                join = self._joined
                 if join:
                     self._await_join(self._last + self._idle_s)
                 else:
@@ -855,8 +861,7 @@ class Ticker:
             # after a tick with nothing pending (a probe's held pushes go out in its release's full tick)
             self._joining = still_peers(meta, self._joining) and \
                 (self._joining or not _pending_rows(meta).any())
-        join_next = self.join_pacing or self._joining
-        predicted = None if join_next else next_probe_s(meta, self.hold_fraction)
+        predicted = None if self._joined else next_probe_s(meta, self.hold_fraction)
         if predicted is not None:
             self._idle_s = max(self.tick_s, predicted)
         else:

@@ -35,9 +35,13 @@ def test_staleness_matches_the_trace_computed_by_hand_on_two_ranks(tmp_path):
     window is as long as the step): 0 or 1 for the fast rank (200 ms steps), 3 or 4 for the slow one (740 ms). Every
     push is checked; one close to a window edge (within a tick's latency) is allowed either count. Peer alignment
     is off (HVD_ELASTIC_PEER_WAIT=0): with it a tick may hold a push up to half a step for a rank due to push,
-    which moves the window edges by up to that much (the measurement is the same code either way)."""
+    which moves the window edges by up to that much (the measurement is the same code either way). For the same
+    reason the ticks are probe-paced (HVD_ELASTIC_TICK_PACING=probe): under join pacing, auto's mode once the
+    periods are measured, the slow rank's thread joins early and waits inside the collective for the fast rank's
+    next push, so a push made meanwhile is delivered up to a fast step later, past the window drawn here."""
     res = launch("mpirun", 2, "tests/workers/staleness_trace.py", [tmp_path, "6.0"],
-                 env={"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_MAX_INFLIGHT": "0", "HVD_ELASTIC_PEER_WAIT": "0"},
+                 env={"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_MAX_INFLIGHT": "0", "HVD_ELASTIC_PEER_WAIT": "0",
+                      "HVD_ELASTIC_TICK_PACING": "probe"},
                  timeout=120)
     assert res.returncode == 0 and not res.timed_out, res.output[-3000:]
     ranks = [json.load(open(os.path.join(tmp_path, f"rank{r}.json"))) for r in range(2)]

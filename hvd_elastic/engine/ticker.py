@@ -5,26 +5,27 @@ it has none) and (b) a metadata table in which each rank fills only its own row,
 every rank's clock, last push time and iteration time. Every rank receives the same ticks in the same order, which
 is what lets every rank apply the same updates and take the same scheduling decisions.
 
-Join pacing (HVD_ELASTIC_TICK_PACING=join, experimental), small payloads (under SMALL_WORDS, 1 MB in float32): every
-tick is full, payload and metadata in one allreduce, and there are no probes and no releases: a tick fires when the
-last rank's thread joins it, so each thread decides *when* to join, from the last table and its own live state
-(join_wait_s): a rank due to push with the first group of peers waits for its own push (bounded by the hold), every
-other rank joins early and waits inside the collective. One collective per round of pushes, where probe -> release
--> full tick took two or more: on a 2-core machine each Horovod collective costs milliseconds, and a probe costs as
-much as a small payload. A tick in which nobody pushed then moves the small payload; such ticks are rare (a rank
-overdue, all ranks held). The joins need not agree across ranks: every tick has the same shape. Faster steps, but
-not yet a shorter time to target (docs/benchmarks.md): experimental, off by default.
+Join pacing (HVD_ELASTIC_TICK_PACING=join; under auto, the mode once pushes are predictable), small payloads (under
+SMALL_WORDS, 1 MB in float32): every tick is full, payload and metadata in one allreduce, and there are no probes
+and no releases: a tick fires when the last rank's thread joins it, so each thread decides *when* to join, from the
+last table and its own live state (join_wait_s): a rank due to push with the first group of peers waits for its own
+push (bounded by the hold), every other rank joins early and waits inside the collective. One collective per round
+of pushes, where probe -> release -> full tick took two or more: on a 2-core machine each Horovod collective costs
+milliseconds, and a probe costs as much as a small payload. A tick in which nobody pushed then moves the small
+payload; such ticks are rare (a rank overdue, all ranks held). The joins need not agree across ranks: every tick has
+the same shape.
 
-Auto pacing (HVD_ELASTIC_TICK_PACING=auto), small payloads: join pacing while the tables show every live rank as a
-peer of every other (all_peers: push periods and last pushes known, step compute times within PEER_SPEED to start
-joining -- after a tick with nothing pending -- and within AUTO_EXIT_SPEED to go on, so one step's noise does not flip
-the mode), probe pacing otherwise. With equal speeds a round of pushes then costs one collective instead of a probe,
-a hold and a full tick; under a straggler the ticks stay probe-paced, whose hold keeps the straggler's gradients
-fresher. Joined ticks widen join_wait_s's window (AUTO_JOIN_HOLD x the release hold: one period), so that a round
-whose pushes all come late (a slow tick delays every rank's next step alike) still lands in one tick, and group the
-peers by AUTO_EXIT_SPEED (a rank's latest step time is noisy: at PEER_SPEED a peer left out of the group joined early
-and its push missed the tick). The mode is a function of the sequence of tables, which every rank holds identically,
-so every rank issues the same collectives.
+Auto pacing (HVD_ELASTIC_TICK_PACING=auto, the default), small payloads: probe pacing until a table shows every live
+rank's push period and last push (predictable) and nothing pending, join pacing from then on. With equal speeds a
+round of pushes then costs one collective instead of a probe, a hold and a full tick; under a straggler too (its
+thread joins early and its push goes into the fast group's next tick, while the fast ranks' round trips shrink:
+docs/benchmarks.md, twenty-ninth session, time to target better on every seed of asp, dssp and zipline). While every
+rank is a peer of every other (still_peers: step compute times within PEER_SPEED to enter, AUTO_EXIT_SPEED to stay),
+join_wait_s's window widens (AUTO_JOIN_HOLD x the release hold: one period), so that a round whose pushes all come
+late (a slow tick delays every rank's next step alike) still lands in one tick, and groups the peers by
+AUTO_EXIT_SPEED (a rank's latest step time is noisy: at PEER_SPEED a peer left out of the group joined early and its
+push missed the tick). Both are functions of the sequence of tables, which every rank holds identically, so every
+rank issues the same collectives.
 
 By default (and for larger payloads) -- metadata first: a tick in which nobody pushed moves no model-sized buffer. A
 tick is normally a *probe*: a metadata-only allreduce (a few hundred words) that delivers nothing and tells every
@@ -55,7 +56,7 @@ sized buffer however many pushes it sums, so communication is bounded by model s
 ranks' speeds. A tick completes when every rank's thread has joined it: ticks wait for the slowest *thread*, never
 for a rank's computation.
 
-Inline ticks: while ticks are joined (join pacing, or auto while every rank is a peer) and a rank waits for its own
+Inline ticks: while ticks are joined (join pacing, or auto once pushes are predictable) and a rank waits for its own
 push's tick (HVD_ELASTIC_MAX_INFLIGHT=0: the engine pushes with inline=True), the training thread runs that tick
 itself when it is about to wait (take(block=True) -> run_inline), and waits for the collective as Horovod's
 synchronize does; the tick thread is not woken for it. Each hand-over between the two threads cost about a
@@ -107,7 +108,7 @@ SMALL_WORDS = 1 << 18      # payloads under this: every tick full, paced by join
 PEER_SPEED = 1.25          # a rank whose step compute time is within this factor of another's is its peer (peer
                            # alignment in policies.py, join groups in join_wait_s)
 STREAM_SPEED = 1.5        # a rank streams only while its push period is within this factor of the fastest rank's
-AUTO_EXIT_SPEED = 1.5      # auto pacing leaves join pacing when a live rank is this much slower than another
+AUTO_EXIT_SPEED = 1.5      # auto pacing leaves the peers' join window when a live rank is this much slower than another
 AUTO_JOIN_HOLD = 2         # auto pacing, joined ticks: join_wait_s's hold (the window of the first group, how
                            # late a peer may push and still be waited for) is this times the release hold (0.5 of
                            # a period by default: one period), so that a round whose pushes all come late (a slow
@@ -132,21 +133,30 @@ def _step_ns(meta: np.ndarray) -> np.ndarray:
     return np.where(meta[:, INTERVAL_NS] > 0, meta[:, INTERVAL_NS], meta[:, PERIOD_NS])
 
 
-def all_peers(meta: np.ndarray, factor: float = PEER_SPEED) -> bool:
-    """Every live rank's push period and step compute time (_step_ns) are measured, and the step times are within
-    `factor` of each other: nobody is a straggler. Auto pacing starts joining ticks when this holds at PEER_SPEED
-    and goes back to probes when it fails at AUTO_EXIT_SPEED (hysteresis: one step's noise does not flip the mode).
-    A function of the table only: every rank decides the same."""
+def predictable(meta: np.ndarray) -> bool:
+    """Every live rank's push period and last push are known, so join_wait_s can predict the next pushes (before,
+    joins would pace by tick_s, and a lone first push could go out in a tick of its own). Auto pacing joins ticks
+    from the first table after this in which nothing is pending. A function of the table only."""
     live = meta[:, FINISHED] == 0
-    if not live.any() or (meta[live, PERIOD_NS] <= 0).any() or (meta[live, LAST_PUSH_NS] < 0).any():
-        return False               # no prediction yet: joins would pace by tick_s (join_wait_s is None)
+    return bool(live.any() and (meta[live, PERIOD_NS] > 0).all() and (meta[live, LAST_PUSH_NS] >= 0).all())
+
+
+def all_peers(meta: np.ndarray, factor: float = PEER_SPEED) -> bool:
+    """Every live rank's push period and step compute time (_step_ns) are measured (predictable), and the step times
+    are within `factor` of each other: nobody is a straggler. Auto pacing's joins use the peers' wider window
+    (AUTO_JOIN_HOLD, AUTO_EXIT_SPEED) while this holds -- from PEER_SPEED on, until it fails at AUTO_EXIT_SPEED
+    (hysteresis: one step's noise does not flip it). A function of the table only: every rank decides the same."""
+    if not predictable(meta):
+        return False
+    live = meta[:, FINISHED] == 0
     step = _step_ns(meta)[live]
     return bool((step > 0).all() and step.max() <= factor * step.min())
 
 
 def still_peers(meta: np.ndarray, were_peers: bool) -> bool:
     """all_peers with hysteresis over a sequence of tables: becomes true at PEER_SPEED, stays true within
-    AUTO_EXIT_SPEED (one step's noise does not flip it). Auto pacing's joins and zipline's barriers at the bound."""
+    AUTO_EXIT_SPEED (one step's noise does not flip it). Auto pacing's join window and zipline's barriers at the
+    bound."""
     return all_peers(meta, AUTO_EXIT_SPEED if were_peers else PEER_SPEED)
 
 
@@ -352,8 +362,8 @@ class Ticker:
         self._gated = False            # the training thread is held at its gate (GATED; see the property)
         # Join pacing (HVD_ELASTIC_TICK_PACING=join), small payloads: every tick full, each thread joining when
         # join_wait_s says (no probes, no release).
-        # Auto (HVD_ELASTIC_TICK_PACING=auto): join pacing while the tables show every live rank as a peer of
-        # every other (still_peers), probe pacing otherwise. Both in effect for small payloads only.
+        # Auto (HVD_ELASTIC_TICK_PACING=auto): probe pacing until the pushes are predictable, then join pacing
+        # (the peers' wide window while still_peers holds). Both in effect for small payloads only.
         small = numel < SMALL_WORDS and len(self._bounds) <= 2
         if pacing not in TICK_PACINGS:
             raise ValueError(f"unknown tick pacing {pacing!r}; accepted: {'|'.join(TICK_PACINGS)}")
@@ -366,7 +376,8 @@ class Ticker:
         self._last = 0.0               # monotonic time of the last tick
         self._idle_s = tick_s          # pacing: how long after the last tick the thread looks again
         self._release_now = False      # the last probe released the pending pushes: a full tick follows at once
-        self._joining = False          # auto pacing: the next tick is joined (all_peers on the tables so far)
+        self._joining = False          # auto pacing: ticks are joined (from the first predictable, quiet table)
+        self._peers = False            # auto pacing: every rank is a peer (still_peers): joins use the wide window
         self._recent: Deque[bool] = collections.deque(maxlen=BUSY_WINDOW)   # non-empty flags of the last ticks
         self._ticking = False          # a thread is running a tick
         self._inline_due = False       # a push the training thread is to send itself (push(inline=True))
@@ -571,7 +582,7 @@ class Ticker:
 
     @property
     def _joined(self) -> bool:
-        """The next tick is joined: join pacing, or auto pacing while every rank is a peer."""
+        """The next tick is joined: join pacing, or auto pacing once the pushes are predictable."""
         return self.join_pacing or self._joining
 
     def run_inline(self) -> bool:
@@ -707,7 +718,7 @@ class Ticker:
                     meta[self.rank, [LAST_PUSH_NS, INTERVAL_NS, PERIOD_NS, GATED]] = \
                         (self._last_push_ns, self._interval_ns, self._period_ns, int(self._gated))
                     wait = join_wait_s(meta, self.rank, self.now_ns(), *(
-                        (self.hold_fraction * AUTO_JOIN_HOLD, AUTO_EXIT_SPEED) if self.auto_pacing else
+                        (self.hold_fraction * AUTO_JOIN_HOLD, AUTO_EXIT_SPEED) if self._peers else
                         (self.hold_fraction, PEER_SPEED)))
                 left = (fallback - time.monotonic()) if wait is None else wait
                 if left <= 0:
@@ -857,10 +868,10 @@ class Ticker:
         if done:
             return True
         pending += int(meta[:, STREAM].sum())
-        if self.auto_pacing:   # hysteresis on the tables' sequence: the same on every rank; joins start
-            # after a tick with nothing pending (a probe's held pushes go out in its release's full tick)
-            self._joining = still_peers(meta, self._joining) and \
-                (self._joining or not _pending_rows(meta).any())
+        if self.auto_pacing:   # from the tables' sequence: the same on every rank. Joins start after a tick with
+            # nothing pending (a probe's held pushes go out in its release's full tick) and then stay
+            self._peers = still_peers(meta, self._peers)
+            self._joining = self._joining or (predictable(meta) and not _pending_rows(meta).any())
         predicted = None if self._joined else next_probe_s(meta, self.hold_fraction)
         if predicted is not None:
             self._idle_s = max(self.tick_s, predicted)

@@ -158,10 +158,12 @@ def _with(meta, rank, column, value):
     return out
 
 
-def test_auto_pacing_joins_only_when_every_live_rank_is_a_measured_peer():
-    """all_peers (HVD_ELASTIC_TICK_PACING=auto): step compute times (INTERVAL_NS, else the push period) within the
-    factor of each other, every live push period and last sent push known; finished ranks do not count."""
-    from hvd_elastic.engine.ticker import AUTO_EXIT_SPEED, INTERVAL_NS, LAST_PUSH_NS, PEER_SPEED, PERIOD_NS, all_peers
+def test_all_peers_when_every_live_rank_is_a_measured_peer():
+    """all_peers (auto pacing's wide join window): step compute times (INTERVAL_NS, else the push period) within the
+    factor of each other, every live push period and last sent push known (predictable: auto pacing joins from the
+    first such table with nothing pending, peers or not); finished ranks do not count."""
+    from hvd_elastic.engine.ticker import (AUTO_EXIT_SPEED, INTERVAL_NS, LAST_PUSH_NS, PEER_SPEED, PERIOD_NS, all_peers,
+                                           predictable)
     ms = 1_000_000
     equal = _table({"INTERVAL_NS": [30 * ms, 36 * ms, 32 * ms], "PERIOD_NS": [40 * ms, 41 * ms, 40 * ms],
                     "LAST_PUSH_NS": [0, 2 * ms, 1 * ms]})
@@ -169,13 +171,16 @@ def test_auto_pacing_joins_only_when_every_live_rank_is_a_measured_peer():
     noisy = _with(equal, 1, INTERVAL_NS, 40 * ms)        # 1.33x the fastest: not to enter, not enough to leave
     assert not all_peers(noisy, PEER_SPEED) and all_peers(noisy, AUTO_EXIT_SPEED)
     straggler = _with(equal, 2, INTERVAL_NS, 90 * ms)    # 3x
-    assert not all_peers(straggler, AUTO_EXIT_SPEED)
+    assert not all_peers(straggler, AUTO_EXIT_SPEED) and predictable(straggler)
     assert all_peers(_with(straggler, 2, FINISHED, 1))   # the straggler finished: the others are peers
-    assert not all_peers(_with(equal, 0, PERIOD_NS, -1))  # a period not measured: no prediction to join by
-    assert not all_peers(_with(equal, 2, LAST_PUSH_NS, -1))   # no push sent yet: none either
+    for unknown in (_with(equal, 0, PERIOD_NS, -1), _with(equal, 2, LAST_PUSH_NS, -1)):
+        # a period not measured, or no push sent yet: no prediction to join by ...
+        assert not all_peers(unknown) and not predictable(unknown)
+        assert predictable(_with(unknown, 0 if unknown[0, PERIOD_NS] < 0 else 2, FINISHED, 1))   # ... unless finished
     unmeasured = _with(_with(equal, 0, INTERVAL_NS, -1), 0, PERIOD_NS, 38 * ms)   # the period stands in
     assert all_peers(unmeasured)
-    assert not all_peers(_table({"FINISHED": [1, 1], "PERIOD_NS": [40 * ms] * 2, "LAST_PUSH_NS": [0, 0]}))   # none live
+    none_live = _table({"FINISHED": [1, 1], "PERIOD_NS": [40 * ms] * 2, "LAST_PUSH_NS": [0, 0]})
+    assert not all_peers(none_live) and not predictable(none_live)
 
 
 def test_still_peers_enters_at_peer_speed_and_leaves_past_the_exit_speed():

@@ -124,13 +124,17 @@ def test_small_payload_join_waits_for_the_own_push_in_the_first_group_and_sits_o
     # peers by compute time, not push period: with a 30 ms compute time rank 2 is a peer and waits for its push, at
     # most a hold of the group's shortest period (20 ms) past its prediction: 150 + 20 - 120
     assert abs(join_wait_s(_with(meta, 2, INTERVAL_NS, 30 * ms), 2, now) - 0.050) < 1e-9
-    # the slow rank due first (its push at 130) is alone in its group; it waits for its push at most until the
-    # faster ranks' first predicted push (140), not a whole hold of its period (60 ms): a straggler's late push must
-    # not hold the fast ranks' pushes back
+    # the slow rank due first (its push at 130): the faster ranks due within its window (half its period: 140, 145)
+    # are in its group. It waits for its push at most until their first predicted push (140), not a whole hold of
+    # its period (60 ms): a straggler's late push must not hold the fast ranks' pushes back ...
     early = _with(meta, 2, LAST_PUSH_NS, 10 * ms)
     assert abs(join_wait_s(early, 2, now) - 0.020) < 1e-9
-    # ... and the fast ranks join at once (130 - 30 < now) rather than hold its push until theirs
-    assert join_wait_s(early, 0, now) == 0.0
+    # ... and the fast ranks wait for their own pushes (a hold past each: 140 + 20 - 120, 145 + 20 - 120), which
+    # join its tick, rather than sit in it early and send theirs in a tick of their own after it
+    assert abs(join_wait_s(early, 0, now) - 0.040) < 1e-9 and abs(join_wait_s(early, 1, now) - 0.045) < 1e-9
+    # a fast rank due past the slow one's window (at 200 > 130 + 60) is not in its group: it joins early
+    late = _with(early, 1, LAST_PUSH_NS, 160 * ms)
+    assert join_wait_s(late, 1, now) == 0.0
     # held at its gate, rank 0 is not due: it sits like rank 2, before rank 1's push at 145
     assert abs(join_wait_s(_with(meta, 0, GATED, 1), 0, now) - (145 - QUIET_MARGIN * 40 - 120) / 1000) < 1e-9
     # two ranks; rank 1 overdue (at 170 ms: 25 ms past its push at 145, more than its 20 ms hold): rank 0, held at

@@ -235,11 +235,11 @@ def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float =
     pushes made while waiting inside the straggler's tick went into a tick of their own after it (twenty-ninth
     session: that tick made the fast ranks' gradients one update stale, and in one run of three it sat on their
     critical path, fast compute 76% against 86-88%). Every other rank joins QUIET_MARGIN of a period before the
-    first predicted push and waits inside the collective, so the tick fires as soon as the group has pushed. A rank more than a hold past
-    its predicted push (overdue) is no longer waited for: ranks outside the group look for it OVERDUE_POLL of its
-    period after the table's tick. Times are compared on the job's common clock (now_ns, LAST_PUSH_NS: ns since the
-    shared epoch), as ZipLine's barriers compare them. None when no rank is due or a due rank's period is not
-    measured yet (no prediction: pace by tick_s)."""
+    first predicted push and waits inside the collective, so the tick fires as soon as the group has pushed. A rank
+    more than a hold past its predicted push (overdue) is no longer waited for: ranks outside the group look for it
+    OVERDUE_POLL of its period after the table's tick. Times are compared on the job's common clock (now_ns,
+    LAST_PUSH_NS: ns since the shared epoch), as ZipLine's barriers compare them. None when no rank is due or a due
+    rank's period is not measured yet (no prediction: pace by tick_s)."""
     live = meta[:, FINISHED] == 0
     live[rank] &= meta[rank, GATED] <= 0
     if not live.any() or (meta[live, PERIOD_NS] <= 0).any() or (meta[live, LAST_PUSH_NS] < 0).any():

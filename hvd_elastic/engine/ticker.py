@@ -17,9 +17,10 @@ the same shape.
 
 Auto pacing (HVD_ELASTIC_TICK_PACING=auto, the default), small payloads: probe pacing until a table shows every live
 rank's push period and last push (predictable) and nothing pending, join pacing from then on. With equal speeds a
-round of pushes then costs one collective instead of a probe, a hold and a full tick; under a straggler too (its
-thread joins early and its push goes into the fast group's next tick, while the fast ranks' round trips shrink:
-docs/benchmarks.md, twenty-ninth session, time to target better on every seed of asp, dssp and zipline). While every
+round of pushes then costs one collective instead of a probe, a hold and a full tick; under a straggler too: its
+push joins a tick of the fast group's (join_wait_s: due first, it waits for its push until theirs; due after them,
+its thread joins their tick early and its push goes into their next), so one collective per fast round
+(docs/benchmarks.md, twenty-ninth session: asp, dssp and zipline reached the target sooner joined). While every
 rank is a peer of every other (still_peers: step compute times within PEER_SPEED to enter, AUTO_EXIT_SPEED to stay),
 join_wait_s's window widens (AUTO_JOIN_HOLD x the release hold: one period), so that a round whose pushes all come
 late (a slow tick delays every rank's next step alike) still lands in one tick, and groups the peers by

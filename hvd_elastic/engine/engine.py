@@ -77,7 +77,7 @@ class SyncEngine:
         self.ticker = Ticker(numel, buffers, rank, size, allreduce_sum, tick_s=tick_s, epoch_ns=epoch_ns,
                              name=tick_name, hold_fraction=policy.cfg.peer_wait,
                              stream=stream and not self.updates.local_step,
-                             pacing=self._pacing(policy.cfg.tick_pacing))
+                             pacing=self._pacing(policy.cfg.tick_pacing), join_stragglers=policy.joins_stragglers)
         policy.attach(self)
 
     def _pacing(self, knob: str) -> str:

@@ -34,6 +34,9 @@ class Policy:
     # a rule with s = 0 must never let a rank see another rank's *next* update, which, with the push at the end of
     # backward, is often already in a completed tick when the rank reaches step().
     fresh_reads = False
+    # Auto tick pacing (engine/ticker.py) joins ticks under a straggler too if True; if False only while every rank
+    # is a peer of every other (probes otherwise)
+    joins_stragglers = True
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -261,6 +264,10 @@ class Zipline(Policy):
     stops where it is: a forced barrier). All of it is a function of the tick stream, so every rank agrees."""
 
     name = "zipline"
+    # Under a straggler joined ticks measured no sooner to the target and a lower final accuracy (twenty-ninth
+    # session, static skew: 1.37x and 0.938 over 5 seeds against 1.51x and 0.952 probe-paced, walls 64 s against
+    # 59 s; docs/benchmarks.md)
+    joins_stragglers = False
     DIGEST_WORDS = 1 << 20   # weights hashed per barrier for the replica check (barrier_digest)
 
     @property

@@ -16,14 +16,15 @@ payload; such ticks are rare (a rank overdue, all ranks held). The joins need no
 the same shape.
 
 Auto pacing (HVD_ELASTIC_TICK_PACING=auto, the default), small payloads: probe pacing until a table shows every live
-rank's push period and last push (predictable) and nothing pending, join pacing from then on. With equal speeds a
-round of pushes then costs one collective instead of a probe, a hold and a full tick; under a straggler too: its
-push joins a tick of the fast group's (join_wait_s: due first, it waits for its push until theirs; due after them,
-its thread joins their tick early and its push goes into their next), so one collective per fast round
-(docs/benchmarks.md, twenty-ninth session: asp, dssp and zipline reached the target sooner joined). While every
-rank is a peer of every other (still_peers: step compute times within PEER_SPEED to enter, AUTO_EXIT_SPEED to stay),
-join_wait_s's window widens (AUTO_JOIN_HOLD x the release hold: one period), so that a round whose pushes all come
-late (a slow tick delays every rank's next step alike) still lands in one tick, and groups the peers by
+rank's push period and last push (predictable) and nothing pending, join pacing from then on (zipline, whose policy
+says joins_stragglers = False: join pacing only while every rank is a peer of every other, probes otherwise). With
+equal speeds a round of pushes then costs one collective instead of a probe, a hold and a full tick; under a
+straggler too: its push joins a tick of the fast group's (join_wait_s: due first, it waits for its push until
+theirs; due after them, its thread joins their tick early and its push goes into their next), so one collective per
+fast round (docs/benchmarks.md, twenty-ninth session: asp and dssp reached the target sooner joined; zipline not). While
+every rank is a peer of every other (still_peers: step compute times within PEER_SPEED to enter, AUTO_EXIT_SPEED to
+stay), join_wait_s's window widens (AUTO_JOIN_HOLD x the release hold: one period), so that a round whose pushes all
+come late (a slow tick delays every rank's next step alike) still lands in one tick, and groups the peers by
 AUTO_EXIT_SPEED (a rank's latest step time is noisy: at PEER_SPEED a peer left out of the group joined early and its
 push missed the tick). Both are functions of the sequence of tables, which every rank holds identically, so every
 rank issues the same collectives.
@@ -330,7 +331,7 @@ class Ticker:
                  allreduce_sum: Callable[[list, str, bool], None],
                  tick_s: float = 0.005, max_idle_s: float = 0.01, epoch_ns: int = 0,
                  name: str = "hvd_elastic.tick", hold_fraction: float = HOLD_FRACTION, stream: bool = False,
-                 pacing: str = "probe"):
+                 pacing: str = "probe", join_stragglers: bool = True):
         if not hasattr(buffers, "zeros"):          # a dtype: numpy buffers
             buffers = NumpyBuffers(buffers)
         self.numel, self.buffers, self.rank, self.size = numel, buffers, rank, size
@@ -374,6 +375,7 @@ class Ticker:
             raise ValueError(f"unknown tick pacing {pacing!r}; accepted: {'|'.join(TICK_PACINGS)}")
         self.join_pacing = small and pacing == "join"
         self.auto_pacing = small and pacing == "auto"
+        self.join_stragglers = join_stragglers   # auto: join under a straggler too (else only while all are peers)
         self.join_ticks = 0            # ticks paced by joins (join pacing, or auto while all ranks were peers)
         self.inline_ticks = 0          # joined ticks the training thread ran itself (run_inline)
         # The tick loop's state (_tick), kept here because either thread may run a tick (one at a time: _ticking)
@@ -874,9 +876,13 @@ class Ticker:
             return True
         pending += int(meta[:, STREAM].sum())
         if self.auto_pacing:   # from the tables' sequence: the same on every rank. Joins start after a tick with
-            # nothing pending (a probe's held pushes go out in its release's full tick) and then stay
-            self._peers = still_peers(meta, self._peers)
-            self._joining = self._joining or (predictable(meta) and not _pending_rows(meta).any())
+            # nothing pending (a probe's held pushes go out in its release's full tick)
+            quiet = not _pending_rows(meta).any()
+            if self.join_stragglers:   # ... and then stay
+                self._peers = still_peers(meta, self._peers)
+                self._joining = self._joining or (predictable(meta) and quiet)
+            else:                      # ... and stop when a rank is no longer a peer (zipline)
+                self._joining = self._peers = still_peers(meta, self._joining) and (self._joining or quiet)
         predicted = None if self._joined else next_probe_s(meta, self.hold_fraction)
         if predicted is not None:
             self._idle_s = max(self.tick_s, predicted)

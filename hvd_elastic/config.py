@@ -162,7 +162,8 @@ KNOBS = (
          "Relaxed policies, models under 256K parameters: probe: a metadata-only probe shows who has pushed, then a "
          "full tick carries the pushes; join: every tick is full and each rank's tick thread joins it when its own "
          "push or its peers' predicted pushes are due -- one collective per round of pushes; auto (default): join "
-         "for the gradient policies once every rank's push period is measured (probe before), probe for wbsp "
+         "for asp, ssp and dssp once every rank's push period is measured (probe before), for zipline only while "
+         "every rank's step time is within 1.25x of every other's (until one is 1.5x slower), probe for wbsp "
          "(docs/design.md, docs/benchmarks.md).",
          ("asp", "ssp", "dssp", "zipline", "wbsp")),
     Knob("max_inflight", 0, _int_or_auto(0), "integer >= 0|auto",

@@ -265,8 +265,7 @@ class Zipline(Policy):
 
     name = "zipline"
     # Under a straggler joined ticks measured no sooner to the target and a lower final accuracy (twenty-ninth
-    # session, static skew: 1.37x and 0.938 over 5 seeds against 1.51x and 0.952 probe-paced, walls 64 s against
-    # 59 s; docs/benchmarks.md)
+    # session, static skew: 1.37x and 0.938 over 5 seeds against 1.51x and 0.952 probe-paced; docs/benchmarks.md)
     joins_stragglers = False
     DIGEST_WORDS = 1 << 20   # weights hashed per barrier for the replica check (barrier_digest)
 

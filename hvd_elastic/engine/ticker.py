@@ -140,7 +140,12 @@ def predictable(meta: np.ndarray) -> bool:
     joins would pace by tick_s, and a lone first push could go out in a tick of its own). Auto pacing joins ticks
     from the first table after this in which nothing is pending. A function of the table only."""
     live = meta[:, FINISHED] == 0
-    return bool(live.any() and (meta[live, PERIOD_NS] > 0).all() and (meta[live, LAST_PUSH_NS] >= 0).all())
+    return bool(live.any() and _measured(meta, live))
+
+
+def _measured(meta: np.ndarray, rows: np.ndarray) -> bool:
+    """These rows' push period and last push are known: their next push can be predicted."""
+    return bool((meta[rows, PERIOD_NS] > 0).all() and (meta[rows, LAST_PUSH_NS] >= 0).all())
 
 
 def all_peers(meta: np.ndarray, factor: float = PEER_SPEED) -> bool:
@@ -204,9 +209,9 @@ def next_probe_s(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> Opti
     live = meta[:, FINISHED] == 0
     if not live.any():
         return 0.0
-    period = meta[:, PERIOD_NS].astype(np.float64)
-    if (period[live] <= 0).any() or (meta[live, LAST_PUSH_NS] < 0).any():
+    if not _measured(meta, live):
         return None
+    period = meta[:, PERIOD_NS].astype(np.float64)
     pending = live & _pending_rows(meta)
     idle = live & ~pending
     due = _next_start_ns(meta, idle) - QUIET_MARGIN * period[idle] - meta[idle, NOW_NS]
@@ -244,7 +249,7 @@ def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float =
     rank's period is not measured yet (no prediction: pace by tick_s)."""
     live = meta[:, FINISHED] == 0
     live[rank] &= meta[rank, GATED] <= 0
-    if not live.any() or (meta[live, PERIOD_NS] <= 0).any() or (meta[live, LAST_PUSH_NS] < 0).any():
+    if not live.any() or not _measured(meta, live):
         return None
     period = meta[:, PERIOD_NS].astype(np.float64)
     speed = _step_ns(meta).astype(np.float64)

@@ -60,6 +60,8 @@ POLICIES: Dict[str, Optional[Dict[str, str]]] = {
     "asp-damped": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_STALENESS_COMPENSATION": "damped"},
     "asp-inflight1": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_MAX_INFLIGHT": "1"},
     "asp-inflight-auto": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_MAX_INFLIGHT": "auto"},
+    "asp-inflight1-damped": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_MAX_INFLIGHT": "1",
+                             "HVD_ELASTIC_STALENESS_COMPENSATION": "damped"},
     "asp-nopeerwait": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_PEER_WAIT": "0"},
     "asp-join": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_TICK_PACING": "join"},
     "asp-probe": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_TICK_PACING": "probe"},

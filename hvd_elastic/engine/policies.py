@@ -104,7 +104,10 @@ class Policy:
         PEER_SPEED of its own) whose clocks are behind its own. Equally fast ranks then push into the same ticks
         and compute on the same weights, as under BSP; without it they drift into groups one tick apart and every
         gradient arrives one update late (measured: asp at Horovod's lr diverged with 4 equally fast ranks; see
-        docs/design.md). Slower ranks are never waited for: that is the policy's rule's business."""
+        docs/design.md). Slower ranks are never waited for: that is the policy's rule's business. With own pushes
+        allowed in flight (max_inflight k > 0) the peers' pushes of the last k rounds are in flight beside this
+        rank's own: a peer is behind only if its delivered clock is behind this rank's clock less k (counted from
+        the clock itself, every gradient waited for its round's tick here, which made k > 0 the same as k = 0)."""
         limit = self.cfg.peer_wait
         view, mine = self.engine.view, self.engine.ticker.interval_ns
         if limit <= 0 or mine <= 0:
@@ -115,7 +118,7 @@ class Policy:
         if now >= self._peer_deadline:
             return False
         origin = self.clock_origin()
-        mine_ran = clock - int(origin[self.rank])
+        mine_ran = clock - self.max_inflight - int(origin[self.rank])
         for q in range(view.size):
             if q != self.rank and not view.finished[q] and int(view.clocks[q] - origin[q]) < mine_ran \
                     and 0 < view.interval_ns[q] <= PEER_SPEED * mine:

@@ -106,6 +106,18 @@ def _common_invariants(ranks, policy):
     return reports
 
 
+def test_own_pushes_in_flight_let_equal_ranks_start_before_their_round_is_back(tmp_path):
+    """HVD_ELASTIC_MAX_INFLIGHT=1: a rank starts its next step with its own push still in flight, so with equal
+    speeds it computes on weights missing its round (its own and its peers' pushes of the last step): staleness
+    about n. Peer alignment must not wait for that round: until the thirtieth session it compared the peers'
+    delivered clocks with the rank's own clock, which counts the push in flight, and every rank waited for its
+    round's tick anyway (30 ms steps, a ~5 ms tick: staleness about 0, the same as in flight 0)."""
+    env = {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_MAX_INFLIGHT": "1", "HVD_ELASTIC_EMULATE_DELAY": "*:0.03"}
+    reports = _common_invariants(_run("mpirun", env, tmp_path, args=("--mode", "train", "--target", "400")), "asp")
+    means = [rep["counters"]["staleness_mean"] for rep in reports]
+    assert all(m >= 2.0 for m in means), means
+
+
 @pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
 def test_asp_never_waits_and_fast_ranks_run_ahead(launcher, tmp_path):
     # 1200 global steps: under Gloo's slow ticks asp's accuracy at 800 steps varied between 0.81 and 0.94.

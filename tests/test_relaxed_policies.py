@@ -178,7 +178,9 @@ def test_zipline_with_equal_speeds_places_barriers_at_the_bound(tmp_path):
     splitting rounds of pushes (docs/benchmarks.md, twenty-third session). Such barriers go to the bound instead, at
     one clock for every rank: R steps after the least superstep start. Asserted: nearly every barrier at the bound,
     the bound reached and never exceeded, the same barriers and weights at each of them on every rank."""
-    env = {"HVD_ELASTIC_POLICY": "zipline", "HVD_ELASTIC_LOOKAHEAD": "6", "HVD_ELASTIC_EMULATE_DELAY": "*:0.004"}
+    # 10 ms steps: at 4 ms one descheduling made a rank 1.5x slower than its peers (still_peers failed), and a full
+    # CI run on a loaded machine placed 10 of 39 barriers by ZipLine's windows (at the bound 29 / 39 < 0.8)
+    env = {"HVD_ELASTIC_POLICY": "zipline", "HVD_ELASTIC_LOOKAHEAD": "6", "HVD_ELASTIC_EMULATE_DELAY": "*:0.01"}
     reports = _common_invariants(_run("mpirun", env, tmp_path), "zipline")
     counters = [rep["counters"] for rep in reports]
     assert len({(c["barriers"], c["barriers_at_bound"], c["barrier_digest"]) for c in counters}) == 1, counters

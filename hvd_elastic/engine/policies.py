@@ -92,20 +92,21 @@ class Policy:
         not come back in a tick (a parameter-server worker reads weights that include its own updates; without
         this bound a fast rank would pile up gradients computed on the same stale weights), "wait" while the
         policy's rule holds it back for other ranks, None when it may go."""
-        if clock - int(self.engine.view.clocks[self.rank]) > self.max_inflight:
+        inflight = self.max_inflight   # once: under "auto" it follows the tick thread's measurements
+        if clock - int(self.engine.view.clocks[self.rank]) > inflight:
             return "comm"
         if not self.may_proceed(clock):
             return "wait"
-        return "wait" if self.updates.align_peers and self.waits_for_peers(clock) else None
+        return "wait" if self.updates.align_peers and self.waits_for_peers(clock, inflight) else None
 
-    def waits_for_peers(self, clock: int) -> bool:
+    def waits_for_peers(self, clock: int, inflight: int) -> bool:
         """Peer alignment (HVD_ELASTIC_PEER_WAIT): after its update is in, a rank waits -- at most that fraction
         of its own step time -- for the updates of its peers (ranks about as fast as it is: step time within
         PEER_SPEED of its own) whose clocks are behind its own. Equally fast ranks then push into the same ticks
         and compute on the same weights, as under BSP; without it they drift into groups one tick apart and every
         gradient arrives one update late (measured: asp at Horovod's lr diverged with 4 equally fast ranks; see
         docs/design.md). Slower ranks are never waited for: that is the policy's rule's business. With own pushes
-        allowed in flight (max_inflight k > 0) the peers' pushes of the last k rounds are in flight beside this
+        allowed in flight (``inflight`` = max_inflight k > 0) the peers' pushes of the last k rounds are in flight beside this
         rank's own: a peer is behind only if its delivered clock is behind this rank's clock less k (counted from
         the clock itself, every gradient waited for its round's tick here, which made k > 0 the same as k = 0)."""
         limit = self.cfg.peer_wait
@@ -118,7 +119,7 @@ class Policy:
         if now >= self._peer_deadline:
             return False
         origin = self.clock_origin()
-        mine_ran = clock - self.max_inflight - int(origin[self.rank])
+        mine_ran = clock - inflight - int(origin[self.rank])
         for q in range(view.size):
             if q != self.rank and not view.finished[q] and int(view.clocks[q] - origin[q]) < mine_ran \
                     and 0 < view.interval_ns[q] <= PEER_SPEED * mine:

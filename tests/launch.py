@@ -13,6 +13,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(ROOT, "tests", "workers")
+GUARDS = os.path.join(ROOT, "tests", "guards")   # sitecustomize.py: checks every launched job (see there)
 BIN = os.path.dirname(sys.executable)
 LAUNCHERS = ("horovodrun", "mpirun")
 
@@ -54,7 +55,7 @@ def job_env(env=None) -> dict:
     first, then `env`."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("HVD_ELASTIC_")}
     full_env.update({"PATH": BIN + os.pathsep + os.environ.get("PATH", ""), "PYTHONUNBUFFERED": "1",
-                     "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                     "PYTHONPATH": os.pathsep.join([ROOT, GUARDS, os.environ.get("PYTHONPATH", "")]),
                      "OMPI_MCA_rmaps_base_oversubscribe": "1", "HOROVOD_LOG_LEVEL": "warning"})
     full_env.update(env or {})
     return full_env

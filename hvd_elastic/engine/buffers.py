@@ -8,13 +8,57 @@ updates stay framework tensors from backward to the tick and back. ``NumpyBuffer
 implementation, used by the tests.
 
 Every operation is in place on preallocated buffers: no model-sized allocation per push, per tick or per apply.
+
+Buffers that live on an accelerator (torch CUDA tensors) add three things, with host defaults in ``HostBuffers``:
+- ``host_resident`` / ``host_twin()``: the tick metadata rides in the payload's tail only for host buffers; with
+  device buffers it travels in a host buffer of its own (``host_twin()``), so reading a tick's table never waits
+  for the device.
+- ``fence()`` / ``after(fence)``: a buffer handed from one thread to another (a push to the tick, a completed tick
+  to the optimizer, an applied tick's buffer back to the pool) is fenced by its writer and waited for by its next
+  user on the device's queue (a CUDA event, not a host wait); ``None`` on the host.
+- ``collective_scope()``: the context a tick's collectives run in (CUDA: the buffers' device and its default
+  stream, the stream Horovod records its ready events on and, on NCCL, orders its completion on).
+``fold_digest`` / ``digest_value`` keep a running checksum of weight samples (zipline's replica check) where the
+weights live, read once at the end of training.
 """
 from __future__ import annotations
+
+import contextlib
+import zlib
 
 import numpy as np
 
 
-class NumpyBuffers:
+class HostBuffers:
+    """The defaults of buffers in host memory: no fences, no device, the metadata in the payload's tail."""
+
+    host_resident = True
+
+    def host_twin(self):
+        """Buffers of the same kind in host memory (the tick metadata's, when these live on a device)."""
+        return self
+
+    def fence(self):
+        """Mark the calling thread's work on buffers so far; None where every operation is done when it returns."""
+        return None
+
+    def after(self, fence) -> None:
+        """Order the calling thread's next operations after `fence` (without blocking the host)."""
+
+    def collective_scope(self):
+        return contextlib.nullcontext()
+
+    def fold_digest(self, acc, sample):
+        """A running checksum (acc: None at first) folded with the words of `sample` (a buffer of this kind), bit
+        exact: equal weights give equal digests."""
+        words = sample if isinstance(sample, np.ndarray) else self.numpy(sample)
+        return zlib.crc32(np.ascontiguousarray(words), acc or 0)
+
+    def digest_value(self, acc) -> int:
+        return int(acc or 0)
+
+
+class NumpyBuffers(HostBuffers):
     """Flat buffers as numpy arrays of one float dtype."""
 
     def __init__(self, dtype):

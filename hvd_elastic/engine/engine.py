@@ -55,8 +55,8 @@ class SyncEngine:
         self.buffers = buffers
         self.telemetry = telemetry
         self.numel = numel
-        # Replica checks (zipline's barrier digest): every k-th weight of the flat layout as a numpy array; a frontend
-        # that can read them without a flat copy of the whole model passes its own.
+        # Replica checks (zipline's barrier digest): every k-th weight of the flat layout as a buffer of the frontend's
+        # kind (Buffers.fold_digest); a frontend that can read them without a flat copy of the model passes its own.
         self.sample_params = sample_params or (lambda k: self.buffers.numpy(read_params())[::k])
         self.view = GlobalView(size)
         self.stall_timeout_s = stall_timeout_s

@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import math
 import time
-import zlib
 from typing import Dict, Optional, Type
 
 import numpy as np
@@ -294,7 +293,7 @@ class Zipline(Policy):
         self.peers = False   # every rank a peer of every other (ticker.still_peers on the tick stream)
         self.max_superstep = 0
         self.spreads_ns = []
-        self.digest = 0
+        self.digest = None   # Buffers.fold_digest's running checksum (read at finish)
         self.intervals = Intervals(n, self.cfg.predictor)
 
     def on_tick(self, tick, view):
@@ -336,20 +335,23 @@ class Zipline(Policy):
             self.start = view.clocks.copy()
             self.targets = None
             self.barriers += 1
-            # Replica check: every rank's weights right after the barrier tick (identical by construction). A CRC
-            # of every k-th weight, k = ceil(size / DIGEST_WORDS) (all of a small model's): a barrier of
-            # a 30M model then hashes 4 MB, read without a flat copy of the model where the frontend can.
+            # Replica check: every rank's weights right after the barrier tick (identical by construction). A
+            # checksum of every k-th weight, k = ceil(size / DIGEST_WORDS) (all of a small model's): a barrier of
+            # a 30M model then hashes 4 MB, where the weights live (no host copy on a GPU, nothing read back).
             k = max(1, -(-self.engine.numel // self.DIGEST_WORDS))
-            self.digest = zlib.crc32(np.ascontiguousarray(self.engine.sample_params(k)), self.digest)
+            self.digest = self.engine.buffers.fold_digest(self.digest, self.engine.sample_params(k))
 
     def clock_origin(self):
         return self.start   # steps since the last barrier: every rank left it at the same moment
 
     def may_proceed(self, clock: int) -> bool:
-        if self.engine.view.finished.any():   # the job is ending: run free, the final barrier will follow
+        view = self.engine.view
+        if view.finished.any():   # the job is ending: run free, the final barrier will follow
             return True
         own_start = int(self.start[self.rank])
-        if self.targets is not None:
+        # A rank waits in a collective of the script's own: the barrier yields (within R), so that this rank can reach
+        # the same call; the barrier completes once every rank has passed its target.
+        if self.targets is not None and not view.outside.any():
             return clock < int(self.targets[self.rank]) and clock - own_start < self.R
         return clock - own_start < self.R
 
@@ -359,7 +361,7 @@ class Zipline(Policy):
         self.engine.telemetry.counters.update({
             "barriers": self.barriers, "barriers_without_prediction": self.forced,
             "barriers_at_bound": self.at_bound, "max_iterations_between_barriers":
-            self.max_superstep, "barrier_digest": self.digest,
+            self.max_superstep, "barrier_digest": self.engine.buffers.digest_value(self.digest),
             "mean_predicted_wait_ms": round(float(np.mean(spreads)) / 1e6, 3) if spreads else 0.0})
 
 

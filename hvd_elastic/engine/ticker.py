@@ -87,11 +87,13 @@ from .buffers import NumpyBuffers
 # and including this tick; PENDING / PENDING_SINCE_NS: pushes waiting (probes only) and when the first of them came;
 # NOW_NS: the row's snapshot time; PERIOD_NS: measured time between the rank's pushes (moving average).
 # STREAM: a streamed push is under way (probes only); LEAD_NS: the rank's measured stream begin -> end time.
-# GATED: the rank's training thread is held by its policy's rule (a barrier, a staleness bound, peer alignment), so
-# it pushes nothing before a later tick opens its gate: a release never waits for it (nor, for its own row, a join).
+# GATED: the rank's training thread is held by its policy's rule (a barrier, a staleness bound, peer alignment) or
+# waits in a collective of the script's own, so it pushes nothing before a later tick opens its gate: a release
+# never waits for it (nor, for its own row, a join). OUTSIDE: the second case alone (a gate may let the others
+# reach that collective: zipline's barrier).
 COUNT, CLOCK, LAST_PUSH_NS, INTERVAL_NS, FINISHED, SEQ, PENDING, PENDING_SINCE_NS, NOW_NS, PERIOD_NS, STREAM, \
-    LEAD_NS, GATED = range(13)
-META_COLUMNS = 13
+    LEAD_NS, GATED, OUTSIDE = range(14)
+META_COLUMNS = 14
 # The metadata travels in a buffer of the update's dtype (with the payload in busy phases: one allreduce, one
 # dtype, since Horovod only fuses tensors of one dtype and on Gloo every extra collective costs milliseconds). Each
 # int64 (all values are >= -1) is stored as value + 1 in four 16-bit pieces, which float32 and float64 hold
@@ -347,7 +349,13 @@ class Ticker:
         self.hold_fraction = hold_fraction   # release hold (HVD_ELASTIC_PEER_WAIT; 0: release at once)
         self._lock = threading.Condition()
         self._meta_words = size * META_COLUMNS * META_PIECES
-        self._length = numel + self._meta_words          # [update | encoded metadata]
+        # The table rides in the payload's tail where buffers live in host memory (one allreduce per full tick);
+        # with device buffers it travels in a host buffer of its own, so reading it never waits for the device.
+        self._meta_kind = buffers.host_twin()
+        self._meta_in_payload = self._meta_kind is buffers
+        self._length = numel + (self._meta_words if self._meta_in_payload else 0)   # [update | encoded table]
+        self._fences = {}                                # id(buffer) -> its last hand-over (Buffers.fence)
+        self._stream_fence = None                        # the tick thread's last read of a streamed gradient
         self._pending = buffers.zeros(self._length)      # this rank's pushes since its last tick
         self.buffers_allocated = 1                       # model-sized buffers made over the run
         self._held = 0                                   # delivered ticks whose buffer is not given back yet
@@ -361,7 +369,7 @@ class Ticker:
         self._last_meta: Optional[np.ndarray] = None   # the table of the last completed tick
         self._spare = None                               # a zeroed buffer for the next swap or push
         self._returned: List = []                        # applied ticks' buffers, given back (not zeroed yet)
-        self._meta_buffer = buffers.zeros(self._meta_words)
+        self._meta_buffer = self._meta_kind.zeros(self._meta_words)
         self._words = np.zeros(self._meta_words, np.float64)
         self._pending_count = 0
         self._wake = False             # a push since the tick thread last looked: skip its idle wait
@@ -371,6 +379,7 @@ class Ticker:
         self._pending_since_ns = -1
         self._sent_push_ns = -1        # time of the last push inside a sent (full) tick
         self._gated = False            # the training thread is held at its gate (GATED; see the property)
+        self._outside = False          # the training thread waits in a collective of the script's own (OUTSIDE)
         # Join pacing (HVD_ELASTIC_TICK_PACING=join), small payloads: every tick full, each thread joining when
         # join_wait_s says (no probes, no release).
         # Auto (HVD_ELASTIC_TICK_PACING=auto): probe pacing until the pushes are predictable, then join pacing
@@ -424,7 +433,7 @@ class Ticker:
         while ticks are joined it may run the tick itself (run_inline) instead of waking the tick thread."""
         with self._lock:
             self._check_open("push()")
-            accumulate(self.buffers.head(self._pending_buffer(), self.numel))
+            self._add_into_pending(accumulate)
             now_ns = self.now_ns()
             self._add_pending(now_ns)
             self._inline_due = inline and self._joined and not self._ticking
@@ -451,6 +460,26 @@ class Ticker:
             else:
                 self._pending = self._zeroed(self._take_free())
         return self._pending
+
+    def _add_into_pending(self, accumulate: Callable):
+        """(Under the lock.) accumulate(dst) into the pending buffer's update words, ordered after the buffer's last
+        hand-over and fenced for the tick that sends it."""
+        buf = self._pending_buffer()
+        self._received(buf)
+        accumulate(self.buffers.head(buf, self.numel))
+        self._handed(buf)
+
+    def _handed(self, buf):
+        """The calling thread is done with `buf` for now: whichever thread uses it next first waits for this work
+        (Buffers.fence: a CUDA event; nothing on the host, where every operation is complete when it returns)."""
+        f = self.buffers.fence()
+        if f is not None:
+            self._fences[id(buf)] = f
+
+    def _received(self, buf):
+        """The calling thread is about to use `buf`: order its work after the last hand-over of it."""
+        if self._fences:
+            self.buffers.after(self._fences.pop(id(buf), None))
 
     def _add_pending(self, since_ns: int):
         if self._pending_count == 0:
@@ -525,7 +554,7 @@ class Ticker:
             self._lead_ns = lead if self._lead_ns < 0 else int(self._lead_ns + 0.2 * (lead - self._lead_ns))
             if st.state == _Stream.ANNOUNCED:      # no tick took it: an ordinary push
                 self._stream = None
-                st.accumulate(self.buffers.head(self._pending_buffer(), self.numel), 0, self.numel)
+                self._add_into_pending(lambda dst: st.accumulate(dst, 0, self.numel))
                 self._add_pending(st.since_ns)
             else:
                 st.complete, st.end_ns = True, now_ns
@@ -540,6 +569,8 @@ class Ticker:
                     raise TickerError("stream_wait() before stream_end()")
                 self._lock.wait(0.5)
             self._check()
+            fence, self._stream_fence = self._stream_fence, None
+        self.buffers.after(fence)    # the tick's reads of the gradients come before the caller's next writes
 
     @property
     def streaming(self) -> bool:
@@ -590,7 +621,10 @@ class Ticker:
             self._check()
             out = list(self._completed)
             self._completed.clear()
-            return out
+        for tick in out:
+            if tick.buffer is not None:
+                self._received(tick.buffer)
+        return out
 
     @property
     def _joined(self) -> bool:
@@ -615,7 +649,8 @@ class Ticker:
                 return False
             self._ticking = True
         try:
-            self._tick(True)
+            with self.buffers.collective_scope():
+                self._tick(True)
             self.inline_ticks += 1
         except BaseException as e:   # as on the tick thread: every later call raises it
             with self._lock:
@@ -630,6 +665,7 @@ class Ticker:
     def recycle(self, tick: Tick):
         """Give an applied tick's buffer back for reuse (its update must not be read afterwards)."""
         if tick.buffer is not None:
+            self._handed(tick.buffer)
             with self._lock:
                 self._held -= 1
                 if len(self._returned) < POOL_LIMIT:
@@ -666,7 +702,9 @@ class Ticker:
         """`buf` (from _take_free) zeroed, or a new zeroed buffer when it is None."""
         if buf is None:
             return self.buffers.zeros(self._length)
+        self._received(buf)
         self.buffers.zero_(buf)
+        self._handed(buf)
         return buf
 
     def _keep(self, buf):
@@ -686,7 +724,8 @@ class Ticker:
         next pushes from both)."""
         meta = np.full((self.size, META_COLUMNS), -1, np.int64)
         meta[self.rank] = (count, clock, self._sent_push_ns, self._interval_ns, int(self._finished), index, pending,
-                           since_ns, self.now_ns(), self._period_ns, streaming, self._lead_ns, int(self._gated))
+                           since_ns, self.now_ns(), self._period_ns, streaming, self._lead_ns,
+                           int(self._gated or self._outside), int(self._outside))
         encode_meta(meta, self._words)
 
     def _send_chunks(self, send, member: Optional[_Stream], index: int, count: int, clock: int) -> np.ndarray:
@@ -694,6 +733,7 @@ class Ticker:
         stream taken (`member`), each chunk waits until backward has made it final and is read from the frontend's
         tensors into `send` just before it is reduced; the rank's row is written once the stream has ended."""
         b, buffers = self._bounds, self.buffers
+        self._received(send)
         for k in reversed(range(len(b) - 1)):
             start, stop = b[k], b[k + 1]
             chunk = buffers.view(send, start, stop)
@@ -707,16 +747,34 @@ class Ticker:
                 if member is not None:
                     with self._lock:
                         self._stream = None     # its gradients are no longer read (stream_wait returns)
+                        self._stream_fence = buffers.fence()
                         self._sent_push_ns = member.end_ns
                         self._lock.notify_all()
                     count, clock = count + 1, clock + 1
                     self.streamed += 1
                     self._encode_row(index, count, clock, 0, -1, 0)
-                buffers.set_words(send, self.numel, self._words)
-                parts.append(buffers.view(send, self.numel, self._length))
+                parts.append(self._table_part(send))
             self._allreduce_sum(parts, f"{self.name}.s{k}", self._blocking())
+        self._handed(send)
         self.bytes_reduced += buffers.nbytes(send)
-        return decode_meta(buffers.get_words(send, self.numel, self._meta_words), self.size)
+        return self._read_table(send)
+
+    def _table_part(self, send):
+        """The encoded row (_words) written where this tick's table travels: the tail of the payload buffer `send`
+        (host buffers), or the host table buffer (device buffers; also every probe's). Returns that part."""
+        if self._meta_in_payload and send is not None:
+            self.buffers.set_words(send, self.numel, self._words)
+            return self.buffers.view(send, self.numel, self._length)
+        self._meta_kind.set_words(self._meta_buffer, 0, self._words)
+        return self._meta_buffer
+
+    def _read_table(self, send) -> np.ndarray:
+        """The reduced table of the tick whose payload was `send` (None: a probe)."""
+        if self._meta_in_payload and send is not None:
+            words = self.buffers.get_words(send, self.numel, self._meta_words)
+        else:
+            words = self._meta_kind.get_words(self._meta_buffer, 0, self._meta_words)
+        return decode_meta(words, self.size)
 
     def _await_join(self, fallback: float):
         """Join pacing: wait until this rank should join the next tick (join_wait_s, re-evaluated whenever the
@@ -728,7 +786,7 @@ class Ticker:
                 if meta is not None:
                     meta = meta.copy()      # this rank's own row as it stands now
                     meta[self.rank, [LAST_PUSH_NS, INTERVAL_NS, PERIOD_NS, GATED]] = \
-                        (self._last_push_ns, self._interval_ns, self._period_ns, int(self._gated))
+                        (self._last_push_ns, self._interval_ns, self._period_ns, int(self._gated or self._outside))
                     wait = join_wait_s(meta, self.rank, self.now_ns(), *(
                         (self.hold_fraction * AUTO_JOIN_HOLD, AUTO_EXIT_SPEED) if self._peers else
                         (self.hold_fraction, PEER_SPEED)))
@@ -751,53 +809,70 @@ class Ticker:
                 if self.join_pacing or self.auto_pacing:   # it re-decides when to join (probes wait as planned)
                     self._lock.notify_all()
 
+    @property
+    def outside(self) -> bool:
+        """Set by the engine while the training thread waits in a collective of the script's own (OUTSIDE, and
+        GATED: it pushes nothing until the call returns); the next tick carries it at once."""
+        return self._outside
+
+    @outside.setter
+    def outside(self, value: bool):
+        with self._lock:
+            self._outside = value
+            self._wake = True
+            self._lock.notify_all()
+
     def _blocking(self) -> bool:
         """How this thread waits for a collective (allreduce_sum's `block`): the training thread running a tick
         (run_inline) has nothing else to do and waits as Horovod's own synchronize does; the tick thread must not
         take a core from its rank's forward and backward."""
         return threading.current_thread() is not self._thread
 
-    def _reduce(self, buf, name: str):
-        self._allreduce_sum([buf], name, self._blocking())
-        self.bytes_reduced += self.buffers.nbytes(buf)
+    def _reduce(self, parts: list, name: str):
+        self._allreduce_sum(parts, name, self._blocking())
+        self.bytes_reduced += sum(self.buffers.nbytes(p) for p in parts)
 
     def _run(self):
         try:
-            while True:
-                if self._spare is None and self._returned:   # zero the next spare now, off the release's path
-                    self._keep(self._zeroed_buffer())
-                seen = self.ticks
-                join = self._joined
-                if join:
-                    self._await_join(self._last + self._idle_s)
-                else:
-                    wait = self._last + self._idle_s - time.monotonic()
-                    if wait > 0 and not self._release_now:
-                        with self._lock:   # a push or a finish() wakes us early: probes react at once
-                            if not self._finished and not self._wake:
-                                self._lock.wait(wait)
-                with self._lock:
-                    while self._ticking and not self._stopped:   # the training thread runs a tick (run_inline)
-                        self._lock.wait(1.0)
-                    if self._stopped:
-                        return
-                    if self.ticks != seen:      # it ran one: decide again from its table
-                        continue
-                    self._ticking = True
-                    self._inline_due = False    # this tick sends the push: the training thread just waits
-                try:
-                    done = self._tick(join)
-                finally:
-                    with self._lock:
-                        self._ticking = False
-                        self._lock.notify_all()
-                if done:
-                    return
+            with self.buffers.collective_scope():   # the buffers' device and stream, for every tick this thread runs
+                self._loop()
         except BaseException as e:  # surfaced on the training thread at its next call
             with self._lock:
                 self._error = e
                 self._stopped = True
                 self._lock.notify_all()
+
+    def _loop(self):
+        while True:
+            if self._spare is None and self._returned:   # zero the next spare now, off the release's path
+                self._keep(self._zeroed_buffer())
+            seen = self.ticks
+            join = self._joined
+            if join:
+                self._await_join(self._last + self._idle_s)
+            else:
+                wait = self._last + self._idle_s - time.monotonic()
+                if wait > 0 and not self._release_now:
+                    with self._lock:   # a push or a finish() wakes us early: probes react at once
+                        if not self._finished and not self._wake:
+                            self._lock.wait(wait)
+            with self._lock:
+                while self._ticking and not self._stopped:   # the training thread runs a tick (run_inline)
+                    self._lock.wait(1.0)
+                if self._stopped:
+                    return
+                if self.ticks != seen:      # it ran one: decide again from its table
+                    continue
+                self._ticking = True
+                self._inline_due = False    # this tick sends the push: the training thread just waits
+            try:
+                done = self._tick(join)
+            finally:
+                with self._lock:
+                    self._ticking = False
+                    self._lock.notify_all()
+            if done:
+                return
 
     def _tick(self, join: bool) -> bool:
         """One tick (the caller holds the token, _ticking): a full tick when joined, released or busy, else a probe;
@@ -833,12 +908,15 @@ class Ticker:
         t0 = time.perf_counter()
         if full and self.streams:
             meta = self._send_chunks(send, member, index, count, clock)
+        elif full:
+            self._received(send)
+            table = self._table_part(send)
+            self._reduce([send] if self._meta_in_payload else [buffers.head(send, numel), table], self.name)
+            self._handed(send)
+            meta = self._read_table(send)
         else:
-            carrier = send if full else self._meta_buffer
-            offset = numel if full else 0
-            buffers.set_words(carrier, offset, self._words)
-            self._reduce(carrier, self.name if full else f"{self.name}.meta")
-            meta = decode_meta(buffers.get_words(carrier, offset, self._meta_words), self.size)
+            self._reduce([self._table_part(None)], f"{self.name}.meta")
+            meta = self._read_table(None)
         if not (meta[:, SEQ] == index).all():
             raise TickerError(f"ranks are out of step at tick {index}: {meta[:, SEQ].tolist()}")
         total = int(meta[:, COUNT].sum())

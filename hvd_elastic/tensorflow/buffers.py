@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from ..engine.buffers import HostBuffers
+
 
 class Head:
     """The first `n` words of a buffer variable, as a target of in-place operations."""
@@ -30,8 +32,8 @@ class Head:
         self.var[:self.n].assign(self.var[:self.n] + value)
 
 
-class TfBuffers:
-    """Flat buffers as 1-D tf.Variables of one float dtype."""
+class TfBuffers(HostBuffers):
+    """Flat buffers as 1-D tf.Variables of one float dtype (tensorflow-cpu: host memory)."""
 
     def __init__(self, dtype):
         self.dtype = tf.as_dtype(dtype)

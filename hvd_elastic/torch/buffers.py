@@ -8,8 +8,11 @@ model-sized is allocated per push, per tick or per apply, and applying keeps no 
 """
 from __future__ import annotations
 
+import contextlib
+import zlib
 from typing import List
 
+import horovod.torch as hvd
 import numpy as np
 import torch
 
@@ -17,10 +20,52 @@ from ..errors import ConfigError
 
 
 class TorchBuffers:
-    """Flat buffers as 1-D torch tensors of one dtype on one device."""
+    """Flat buffers as 1-D torch tensors of one dtype on one device. On CUDA, hand-overs between threads are ordered
+    with events on the device (fence / after) and a tick's collectives run on the device's default stream
+    (collective_scope): no host synchronization."""
 
     def __init__(self, dtype: torch.dtype, device: torch.device):
-        self.dtype, self.device = dtype, device
+        self.dtype, self.device = dtype, torch.device(device)
+        self.host_resident = self.device.type == "cpu"
+        self._digest_weights = {}   # n -> the multipliers of fold_digest on the device
+
+    def host_twin(self) -> "TorchBuffers":
+        return self if self.host_resident else TorchBuffers(self.dtype, torch.device("cpu"))
+
+    def fence(self):
+        if self.device.type != "cuda":
+            return None
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self.device))
+        return ev
+
+    def after(self, fence) -> None:
+        if fence is not None:
+            torch.cuda.current_stream(self.device).wait_event(fence)
+
+    @contextlib.contextmanager
+    def collective_scope(self):
+        if self.device.type != "cuda":
+            yield
+            return
+        with torch.cuda.device(self.device), torch.cuda.stream(torch.cuda.default_stream(self.device)):
+            yield
+
+    def fold_digest(self, acc, sample: torch.Tensor):
+        """An integer checksum of the sample's bits, computed and kept on the sample's device (exact: integer sums
+        do not depend on the order of summation), so a replica check reads nothing back until digest_value."""
+        if sample.device.type == "cpu":
+            return zlib.crc32(np.ascontiguousarray(sample.numpy()), acc or 0)
+        bits = sample.detach().contiguous().view(_SAME_SIZE_INT[sample.element_size()]).to(torch.int64)
+        w = self._digest_weights.get(bits.numel())
+        if w is None:
+            w = self._digest_weights[bits.numel()] = \
+                torch.arange(1, bits.numel() + 1, dtype=torch.int64, device=bits.device) * 2654435761
+        h = (bits * w).sum()
+        return h if acc is None else acc * 1000003 + h
+
+    def digest_value(self, acc) -> int:
+        return int(acc.item()) if isinstance(acc, torch.Tensor) else int(acc or 0)
 
     def zeros(self, n: int) -> torch.Tensor:
         return torch.zeros(n, dtype=self.dtype, device=self.device)
@@ -54,6 +99,9 @@ class TorchBuffers:
 
     def nbytes(self, buf: torch.Tensor) -> int:
         return buf.numel() * buf.element_size()
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class FlatParams:
@@ -151,18 +199,18 @@ class FlatParams:
         with torch.no_grad():
             torch._foreach_copy_(self.views(out), [p.detach() for p in self.params])
 
-    def sample_weights(self, k: int) -> np.ndarray:
-        """Every k-th weight of the flat layout (weights()[::k]) as numpy, read from the parameters themselves:
-        no flat copy of the model (zipline's replica check at each barrier)."""
-        parts = []
+    def sample_weights(self, k: int) -> torch.Tensor:
+        """Every k-th weight of the flat layout (weights()[::k]), on the parameters' device, read from the parameters
+        themselves: no flat copy of the model (zipline's replica check at each barrier, TorchBuffers.fold_digest)."""
         with torch.no_grad():
-            for p, off, n in self.slices:
-                start = (-off) % k
-                if start < n:
-                    parts.append(p.detach().reshape(-1)[start::k].to("cpu"))
-        if not parts:
-            return np.zeros(0, self.dtype)
-        return torch.cat(parts).numpy()
+            parts = [p.detach().reshape(-1)[(-off) % k::k] for p, off, n in self.slices if (-off) % k < n]
+            return torch.cat(parts) if parts else torch.zeros(0, dtype=self.torch_dtype, device=self.device)
+
+    def broadcast_weights(self, root_rank: int):
+        """Collective: every rank's weights become the root's. The parameters go to Horovod's in-place broadcast
+        detached: on a GPU without GPU collectives Horovod copies the result back with autograd on, which refuses
+        a tensor that requires grad."""
+        hvd.broadcast_parameters({f"p{i}": p.detach() for i, p in enumerate(self.params)}, root_rank=root_rank)
 
     def set_weights(self, w: torch.Tensor):
         with torch.no_grad():

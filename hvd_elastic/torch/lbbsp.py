@@ -113,7 +113,7 @@ def build_lbbsp(optimizer, session, *, compression, op, gradient_predivide_facto
     # Horovod's protocol with nothing to exchange: lbbsp synchronizes inside step().
     wrap_class(optimizer, _lbbsp_step)
     optimizer._hvd_elastic_flat = flat
-    hvd.broadcast_parameters({f"p{i}": p for i, p in enumerate(flat.params)}, root_rank=0)
+    flat.broadcast_weights(root_rank=0)
     optimizer._hvd_elastic_overlap = _Overlap(optimizer, session.lbbsp, flat.params)
     return optimizer
 

@@ -34,6 +34,7 @@ from ..engine.engine import SyncEngine
 from ..engine.policies import RELAXED_POLICIES, make_policy
 from ..errors import ConfigError, HvdElasticError
 from ..session import Session
+from . import collectives
 from .backward_push import BackwardPush
 from .buffers import FlatParams
 from .wrapping import (SynchronizeProtocol, horovod_argument_checks, parameter_names, refuse_sparse_gradients,
@@ -306,7 +307,7 @@ def _build_relaxed(optimizer, session: Session, names, backward_passes_per_step:
     epoch_ns = everyone[0][0]
     policy = make_policy(session.cfg)
     # Weights must be identical before the engine snapshots them (delta policies keep the global model).
-    hvd.broadcast_parameters({f"p{i}": p for i, p in enumerate(flat.params)}, root_rank=0)
+    flat.broadcast_weights(root_rank=0)
     session.engine = SyncEngine(policy, session.rank, session.size, flat.numel, flat.buffers, _allreduce_sum,
                                 session.telemetry, tick_s=session.cfg.tick_ms / 1000.0, epoch_ns=epoch_ns,
                                 apply_gradient=apply_gradient, read_params=flat.weights, write_params=flat.set_weights,
@@ -315,12 +316,27 @@ def _build_relaxed(optimizer, session: Session, names, backward_passes_per_step:
                                 sample_params=flat.sample_weights,
                                 tick_name=f"hvd_elastic.torch.tick.{engine_id}",
                                 stream=session.cfg.push_at_backward and backward_passes_per_step == 1)
+    _watch_own_collectives(session.engine)
     optimizer._hvd_elastic_backward = BackwardPush(
         flat, session, names, session.cfg.push_at_backward and not session.engine.updates.local_step
         and backward_passes_per_step == 1)
     _UNFINISHED.append(session)
     _install_exit_handlers()
     return optimizer
+
+
+def _watch_own_collectives(engine: SyncEngine):
+    """The script's own collectives beside the engine's ticks (collectives.py): unnamed ones get names every rank
+    agrees on, and while the training thread waits in one, this rank's tick row says so (OUTSIDE)."""
+    collectives.install()
+
+    def waiting(flag: bool):
+        if engine.finished:
+            collectives.remove_listener(waiting)
+        else:
+            engine.ticker.outside = flag
+
+    collectives.on_wait(waiting)
 
 
 # ---- end of the process: relaxed optimizers the script never finished ----------------------------------------------

@@ -42,12 +42,20 @@ ERROR_GRACE_S = 3.0   # after another rank exited with an error, time left for t
 
 USER = ""             # `where` of a rank running the script's own code (between steps, or outside training)
 UNKNOWN = "?"         # frontends that cannot tell (TF custom loops): counts as inside the plugin
+COLLECTIVE = "collective:"   # + Horovod name: the training thread waits in a collective of the script's own
+
+
+def collective(name: str) -> str:
+    """`where` of a rank waiting in the script's own collective `name` (hvd_elastic/torch/collectives.py)."""
+    return COLLECTIVE + name
 
 _WHERE_TEXT = {"step": "a training step", "finish": "finish()", USER: "the script's own code",
                UNKNOWN: "its training loop"}
 
 
 def _where_text(where: str) -> str:
+    if where.startswith(COLLECTIVE):
+        return f"a Horovod collective of the script's own ({where[len(COLLECTIVE):]!r})"
     return _WHERE_TEXT.get(where, where)
 
 
@@ -369,6 +377,9 @@ class Watchdog:
 
         if any(live(q) and self.ranks[q].armed and now - self.ranks[q].progress < t for q in others):
             return    # someone is still making progress: not a stall (yet)
+        if self.me.where.startswith(COLLECTIVE) and \
+                any(live(q) and self.ranks[q].armed and self.ranks[q].where == USER for q in others):
+            return    # waiting in the script's own collective for a rank still in the script's own code
         suffix = f"; aborting after HVD_ELASTIC_STALL_TIMEOUT={t:g} s"
         silent = [] if self.hub_gone else [q for q in others if self.ranks[q].state == "up" and not live(q)]
         if self.rank != 0 and 0 in silent:
@@ -383,6 +394,22 @@ class Watchdog:
             self._abort(f"{_ranks(ended)} ended without finishing training (last step "
                         f"{self.ranks[ended[0]].steps}) while {_ranks([self.rank])} waits in "
                         f"{_where_text(self.me.where)}: call finish(opt) on every rank" + suffix)
+            return
+        blocked = [q for q in range(self.size) if (q == self.rank or live(q)) and self.ranks[q].armed
+                   and self.ranks[q].where.startswith(COLLECTIVE)]
+        if blocked:
+            waits = "; ".join(f"rank {q} in {self.ranks[q].where[len(COLLECTIVE):]!r} after step {self.ranks[q].steps}"
+                              for q in blocked)
+            others_at = [q for q in range(self.size) if q not in blocked and self.ranks[q].armed
+                         and (q == self.rank or live(q))]
+            where_others = "; ".join(f"rank {q} in {_where_text(self.ranks[q].where)}" for q in others_at)
+            self._abort(f"{_ranks(blocked)} blocked in a Horovod collective of the script's own ({waits})"
+                        + (f" while {where_others}" if where_others else "")
+                        + f", no rank making progress: the ranks' calls do not match (the same collectives, in the "
+                          f"same order, with the same names, on every rank)"
+                        + ("" if self.policy in ("bsp", "lbbsp") else
+                           f", or the {self.policy} policy holds a rank before the call (docs/horovod-compat.md)")
+                        + suffix)
             return
         outside = [q for q in others if live(q) and self.ranks[q].armed and self.ranks[q].where == USER]
         if outside:

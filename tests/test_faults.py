@@ -86,22 +86,29 @@ def test_a_rank_killed_during_finish_is_named_at_once(launcher, policy):
     assert after_fault < 1 + SLACK_S, after_fault
 
 
-# Item 2 of the issue: a collective of the script's own inside a zipline loop. Rank 0 (slow) is held at a barrier
-# that needs more pushes from rank 1, which waits in the script's hvd.allreduce at its step 5 for rank 0: no rank
-# progresses while both heartbeats are alive. Both ranks print the line naming rank 1 and what to do. Lookahead 2
-# makes the hold certain: rank 1 passes a barrier at most every 2 steps, so rank 0 (20x slower) is held at one that
-# needs rank 1 past its step 5; with the default 15 the first barrier could fall after rank 0's step 5 (seen once).
+# A collective of the script's own inside a zipline loop. Rank 0 (slow) reaches a barrier that needs more pushes from
+# rank 1, which waits in the script's hvd.allreduce at its step 5 for rank 0. The barrier yields while a rank waits
+# in such a call (its tick row says so), within the lookahead R: rank 0 then reaches the same call and the job runs
+# on; where R holds rank 0 first, no rank progresses while both heartbeats are alive, and both ranks print one line
+# naming the collective and the zipline gate. Lookahead 2 makes the hold near-certain (rank 1 passes a barrier at
+# most every 2 steps).
 @pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
-def test_a_user_collective_that_deadlocks_zipline_is_named(launcher):
-    res, after_fault = _run(launcher, "zipline", "collective", step=5, target=400,
-                            extra={"TEST_FAULT_RANK": "*", "HVD_ELASTIC_EMULATE_DELAY": "0:0.2,1:0.01",
-                                   "HVD_ELASTIC_LOOKAHEAD": "2"})
-    needles = ("rank 1 stopped making progress: blocked in the script's own code", "after step 5",
-               "rank 0 waits in the zipline gate", "after finish(opt)")
+def test_a_user_collective_under_zipline_runs_or_is_named(launcher):
+    env = {"HVD_ELASTIC_POLICY": "zipline", "HVD_ELASTIC_STALL_TIMEOUT": str(TIMEOUT_S), "HVD_ELASTIC_REPORT": "0",
+           "HVD_ELASTIC_EMULATE_DELAY": "0:0.2,1:0.01", "HVD_ELASTIC_LOOKAHEAD": "2",
+           "TEST_FAULT": "collective", "TEST_FAULT_RANK": "*", "TEST_FAULT_STEP": "5"}
+    res = launch(launcher, 2, "tests/workers/relaxed_train.py", ["/tmp", "--mode", "train", "--target", 60],
+                 env=env, timeout=120)
+    end = time.time()
+    assert not res.timed_out, "the job hung:\n" + res.output[-3000:]
+    assert len(res.lines_with("fault: collective")) == 2, res.output[-3000:]
+    if res.returncode == 0:
+        assert "hvd_elastic: error" not in res.output, res.output[-3000:]
+        return
+    needles = ("blocked in a Horovod collective of the script's own", "'allreduce.test.user_collective'",
+               "zipline gate")
     _plugin_line_of_rank0(res, *needles)
-    rank1 = [ln for ln in res.stderr_of(1) if all(n in ln for n in needles)]
-    assert len(rank1) == 1, "rank 1 (alive) must print the line too:\n" + res.output[-3000:]
-    assert TIMEOUT_S - 1.5 <= after_fault < TIMEOUT_S + SLACK_S, after_fault
+    assert TIMEOUT_S - 1.5 <= end - _fault_time(res) < TIMEOUT_S + SLACK_S, end - _fault_time(res)
 
 
 # No false alarm: a rank that pauses for less than the timeout (bsp: the other waits inside Horovod's allreduce

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ticker import CLOCK, COUNT, FINISHED, INTERVAL_NS, LAST_PUSH_NS
+from .ticker import CLOCK, COUNT, FINISHED, INTERVAL_NS, LAST_PUSH_NS, OUTSIDE
 
 
 class GlobalView:
-    """Per-rank clocks (updates delivered in ticks), last push times, latest iteration times, finished flags."""
+    """Per-rank clocks (updates delivered in ticks), last push times, latest iteration times, finished flags, and
+    which ranks' training threads wait in a collective of the script's own (outside)."""
 
     def __init__(self, size: int):
         self.size = size
@@ -16,6 +17,7 @@ class GlobalView:
         self.last_push_ns = np.full(size, -1, np.int64)
         self.interval_ns = np.full(size, -1, np.int64)
         self.finished = np.zeros(size, bool)
+        self.outside = np.zeros(size, bool)
         self.pushed_total = 0
 
     def update(self, meta: np.ndarray):
@@ -24,4 +26,5 @@ class GlobalView:
         self.last_push_ns = meta[:, LAST_PUSH_NS].copy()
         self.interval_ns = meta[:, INTERVAL_NS].copy()
         self.finished = meta[:, FINISHED].astype(bool)
+        self.outside = meta[:, OUTSIDE] > 0
         self.pushed_total += int(meta[:, COUNT].sum())

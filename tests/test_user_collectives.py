@@ -1,0 +1,52 @@
+"""The script's own Horovod collectives between steps, under every policy, with a straggler and the CPU busy with
+another job (docs/horovod-compat.md, "Collectives of the script's own").
+
+Horovod names an unnamed collective after a per-process counter of the handles it issued; a relaxed policy's tick
+thread issues collectives of its own at moments that differ between ranks, so without the plugin's naming
+(hvd_elastic/torch/collectives.py) the unnamed calls below got different names on each rank and hung every relaxed
+policy. Where a policy's gate holds a rank that another rank waits for in such a call, zipline's barrier yields; a
+wait that cannot end is named by the watchdog within HVD_ELASTIC_STALL_TIMEOUT.
+"""
+import contextlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from launch import launch
+
+POLICIES = ("bsp", "asp", "ssp", "dssp", "zipline", "wbsp", "lbbsp")
+STRAGGLER = "*:0.002,1:0.02"
+
+
+@contextlib.contextmanager
+def cpu_hog():
+    """Another job keeping one core busy meanwhile."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_named_and_unnamed_collectives_of_the_script_run_under_every_policy(policy, tmp_path):
+    launcher = "horovodrun" if POLICIES.index(policy) % 3 == 1 else "mpirun"
+    env = {"HVD_ELASTIC_POLICY": policy, "HVD_ELASTIC_EMULATE_DELAY": STRAGGLER, "HVD_ELASTIC_STALL_TIMEOUT": "30",
+           "HVD_ELASTIC_GLOBAL_BATCH": "32"}
+    if policy != "lbbsp":
+        env.pop("HVD_ELASTIC_GLOBAL_BATCH")
+    with cpu_hog():
+        res = launch(launcher, 2, "tests/workers/user_collectives.py", [tmp_path], env=env, timeout=150)
+    assert not res.timed_out, "hang:\n" + res.output[-4000:]
+    assert res.returncode == 0, res.output[-4000:]
+    ranks = [json.load(open(os.path.join(tmp_path, f"rank{r}.json"))) for r in range(2)]
+    assert all(r["checked"] == 6 * 2 * 7 for r in ranks), [r["checked"] for r in ranks]
+    assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
+    counters = [r["report"]["ranks"][r["rank"]]["counters"] for r in ranks]
+    if policy not in ("bsp", "lbbsp"):
+        pushed = sum(c["pushed"] for c in counters)
+        assert pushed == 120 and all(c["applied_contributions"] == pushed for c in counters), counters

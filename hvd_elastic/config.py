@@ -1,7 +1,8 @@
 """Configuration: every knob is an ``HVD_ELASTIC_<NAME>`` environment variable or a keyword argument (which wins).
 
-The table ``KNOBS`` below is the single source of truth: parsing, validation, the error messages and the README's
-knobs table all come from it. Settings are parsed once at start-up; a bad value raises :class:`ConfigError` whose
+The table ``KNOBS`` below is the single source of truth: parsing, validation, the error messages, the fields and
+defaults of :class:`Config` and the README's knobs table (:func:`knob_table`; ``python -m hvd_elastic.knobs --readme``
+rewrites it) all come from it. Settings are parsed once at start-up; a bad value raises :class:`ConfigError` whose
 message is one line naming the setting, the value and what is accepted.
 
 Example::
@@ -11,10 +12,13 @@ Example::
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import json
 import math
 import os
+import re
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from .errors import ConfigError, install_excepthook
@@ -24,6 +28,7 @@ POLICIES = ("bsp", "asp", "ssp", "dssp", "zipline", "lbbsp", "wbsp")
 PREDICTORS = ("last", "median", "ewma", "arx")
 LBBSP_MODES = ("cpu", "gpu")
 TICK_PACINGS = ("probe", "join", "auto")   # engine/ticker.py runs them
+SUMMARY_MAX = 100   # characters of a Knob's summary: one short line of the README's table
 # Variables with the prefix that configure tooling (ci/bootstrap.sh), not a run; accepted and ignored here.
 TOOLING_VARIABLES = ("CACHE", "VENV")
 
@@ -34,8 +39,9 @@ class Knob:
     default: Any
     parse: Callable[[str, "Knob"], Any]
     accepted: str        # how the accepted values are described in errors and in the README
-    doc: str
+    summary: str         # the README's knobs table: one short line (<= SUMMARY_MAX characters), what it does now
     used_by: tuple = ()  # policies that read this knob; empty: every policy
+    doc: str = ""        # the full description, where the summary is not all there is to say
 
     @property
     def variable(self) -> str:
@@ -128,97 +134,102 @@ def _per_rank_int(minimum):
     return parse
 
 
+_RELAXED = ("asp", "ssp", "dssp", "zipline", "wbsp")   # the policies that run the sync engine (ticks)
+_GRADIENT = ("asp", "ssp", "dssp", "zipline")          # the relaxed policies that push gradients (wbsp: deltas)
+
 KNOBS = (
     Knob("policy", "bsp", _choice(POLICIES), "|".join(POLICIES),
-         "Synchronization model. bsp is exactly Horovod's behaviour."),
+         "Synchronization model; bsp is exactly Horovod's behaviour."),
     Knob("staleness", 3, _int(0), "integer >= 0",
-         "ssp: staleness bound s (a worker may lead the slowest by at most s clocks); 0 is bsp.", ("ssp",)),
+         "Staleness bound s: a rank may lead the slowest by at most s clocks; 0 is bsp.", ("ssp",)),
     Knob("dssp_lower", 3, _int(0), "integer >= 0",
-         "dssp: lower staleness bound s_L.", ("dssp",)),
+         "Lower staleness bound s_L.", ("dssp",)),
     Knob("dssp_upper", 15, _int(0), "integer >= HVD_ELASTIC_DSSP_LOWER",
-         "dssp: upper staleness bound s_U (r_max = s_U - s_L).", ("dssp",)),
+         "Upper staleness bound s_U (r_max = s_U - s_L).", ("dssp",)),
     Knob("lookahead", 15, _int(1), "integer >= 1",
-         "zipline: lookahead R, the most iterations between two barriers; 1 is bsp.", ("zipline",)),
+         "Lookahead R: the most iterations between two barriers; 1 is bsp.", ("zipline",)),
     Knob("predictor", "last", _choice(PREDICTORS), "|".join(PREDICTORS),
-         "Iteration-time predictor of zipline's barriers, dssp's credits and lbbsp's sizes: last (the papers' latest "
-         "interval), median (of the newest 8), ewma, arx.", ("zipline", "dssp", "lbbsp")),
+         "Iteration-time predictor of zipline's barriers, dssp's credits and lbbsp's batch sizes.",
+         ("zipline", "dssp", "lbbsp"),
+         doc="last (the papers' latest interval), median (of the newest 8), ewma, arx."),
     Knob("lbbsp_mode", "cpu", _choice(LBBSP_MODES), "|".join(LBBSP_MODES),
-         "lbbsp: cpu (sizes proportional to throughput) or gpu (step moves with memory caps).", ("lbbsp",)),
+         "cpu: batch sizes proportional to throughput; gpu: the step moves within memory caps.", ("lbbsp",)),
     Knob("lbbsp_tolerance", 0.05, _float(0.0, below=1.0), "number in [0, 1)",
-         "lbbsp: dead band; the sizes stay while the ranks' (predicted) finish times are within this fraction "
-         "of each other: max - min <= tolerance x max (cpu and gpu mode).", ("lbbsp",)),
+         "Dead band: the batch sizes stay while the finish times differ by at most this fraction.", ("lbbsp",),
+         doc="The test: max - min <= tolerance x max over the ranks' (predicted) finish times, in cpu and gpu mode."),
     Knob("global_batch", 0, _int(1), "integer >= the number of ranks",
-         "lbbsp: global batch B, the fixed sum of the per-rank batch sizes; required by lbbsp (0: unset).",
-         ("lbbsp",)),
+         "Global batch B, the fixed sum of the per-rank batch sizes; lbbsp requires it (0: unset).", ("lbbsp",)),
     Knob("lbbsp_caps", {}, _per_rank_int(1), "'*:SAMPLES,RANK:SAMPLES,...' with whole SAMPLES >= 1",
-         "lbbsp: most samples a rank may take per step (memory), for every rank (*) and/or named ranks.",
-         ("lbbsp",)),
+         "Most samples a rank may take per step (memory), for every rank and/or named ranks.", ("lbbsp",)),
     Knob("wbsp_overlap", False, _bool, "0|1",
-         "wbsp: upload each step from a communication thread while the next step computes.", ("wbsp",)),
+         "Upload each step from a communication thread while the next step computes.", ("wbsp",)),
     Knob("tick_ms", 1.0, _float(0.0, exclusive=True), "number > 0",
-         "Relaxed policies: minimum interval between two partial-allreduce ticks, in milliseconds.",
-         ("asp", "ssp", "dssp", "zipline", "wbsp")),
+         "Minimum interval between two partial-allreduce ticks, in milliseconds.", _RELAXED),
     Knob("tick_pacing", "auto", _choice(TICK_PACINGS), "|".join(TICK_PACINGS),
-         "Relaxed policies, models under 256K parameters: probe: a metadata-only probe shows who has pushed, then a "
-         "full tick carries the pushes; join: every tick is full and each rank's tick thread joins it when its own "
-         "push or its peers' predicted pushes are due -- one collective per round of pushes; auto (default): join "
-         "for asp, ssp and dssp once every rank's push period is measured (probe before), for zipline only while "
-         "every rank's step time is within 1.25x of every other's (until one is 1.5x slower), probe for wbsp "
-         "(docs/design.md, docs/benchmarks.md).",
-         ("asp", "ssp", "dssp", "zipline", "wbsp")),
+         "How ticks are paced for models under 256K parameters: probe, join, or auto (chosen per policy).", _RELAXED,
+         doc="probe: a metadata-only probe shows who has pushed, then a full tick carries the pushes; join: every "
+             "tick is full and each rank's tick thread joins it when its own push or its peers' predicted pushes are "
+             "due -- one collective per round of pushes; auto (default): join for asp, ssp and dssp once every "
+             "rank's push period is measured (probe before), for zipline only while every rank's step time is within "
+             "1.25x of every other's (until one is 1.5x slower), probe for wbsp (docs/design.md, "
+             "docs/benchmarks.md)."),
     Knob("max_inflight", 0, _int_or_auto(0), "integer >= 0|auto",
-         "Relaxed gradient policies: own pushes a rank may have in flight (not yet back in a tick) when it starts "
-         "a step. 0 (default): a rank computes on weights that hold its own last update (staleness ~1 instead of "
-         "~n); auto: the fewest that hide the measured push-to-delivery time behind the step (1 to 4): faster "
-         "steps, staler gradients (docs/design.md).", ("asp", "ssp", "dssp", "zipline")),
+         "Own pushes a rank may have in flight when it starts a step; auto: the fewest that hide their ticks.",
+         _GRADIENT,
+         doc="In flight: pushed, not yet back in a tick. 0 (default): a rank computes on weights that hold its own "
+             "last update (staleness ~1 instead of ~n); auto: the fewest that hide the measured push-to-delivery "
+             "time behind the step (1 to 4): faster steps, staler gradients (docs/design.md)."),
     Knob("peer_wait", 0.5, _float(0.0), "number >= 0 (fraction of a step; 0: off)",
-         "Relaxed gradient policies: after its update is in, a rank waits at most this fraction of its step time "
-         "for peers (ranks about as fast as it is) that are behind, so equally fast ranks compute on the same "
-         "weights; slower ranks are never waited for.", ("asp", "ssp", "dssp", "zipline")),
+         "Fraction of a step a rank waits for equally fast peers, and a tick holds pushes for them.", _GRADIENT,
+         doc="After its update is in, a rank waits at most this fraction of its step time for peers (ranks about as "
+             "fast as it is) that are behind, so equally fast ranks compute on the same weights; slower ranks are "
+             "never waited for. Also bounds how long a tick holds pending pushes (that fraction of the pushers' "
+             "step) for ranks due to push within it, so equally fast ranks share one payload."),
     Knob("push_at_backward", True, _bool, "0|1",
-         "PyTorch, relaxed gradient policies: push a step's gradient as soon as backward has produced all of it "
-         "(as Horovod starts its allreduce from backward hooks), so the tick runs while the rank still computes "
-         "before step(). A script that changes gradients after backward (optimizer.synchronize() then clipping, "
-         "several backward passes per step) is recognised in its first step and pushes at step() instead; "
-         "changing them after a push in a later step is a one-line error. Models of 2M parameters or more stream "
-         "it: the tick reduces it in chunks while backward still runs (docs/design.md).",
-         ("asp", "ssp", "dssp", "zipline")),
+         "PyTorch: push a step's gradient as soon as backward has produced it, not at step().", _GRADIENT,
+         doc="As Horovod starts its allreduce from backward hooks, so the tick runs while the rank still computes "
+             "before step(). A script that changes gradients after backward (optimizer.synchronize() then "
+             "clipping, several backward passes per step) is recognised in its first step and pushes at step() "
+             "instead; changing them after a push in a later step is a one-line error. Models of 2M parameters or "
+             "more stream it: the tick reduces it in chunks while backward still runs (docs/design.md)."),
     Knob("keep_heap", True, _bool, "0|1",
-         "Relaxed policies, glibc: keep heap memory the process frees for reuse (mallopt: trim above 1 GiB, mmap "
-         "above 32 MiB, once per process) instead of returning it to the system every step; measured at 10M "
-         "parameters: backward 43 -> 23 ms (page faults 4x -> 1x plain Horovod's). Peak memory is unchanged; 0 "
-         "leaves the allocator as it is.", ("asp", "ssp", "dssp", "zipline", "wbsp")),
+         "glibc: keep heap memory the process frees for reuse instead of returning it every step.", _RELAXED,
+         doc="mallopt: trim above 1 GiB, mmap above 32 MiB, once per process; without it the freed top of the heap "
+             "goes back to the system and the next step faults its pages back in (hvd_elastic/heap.py). Peak "
+             "memory is unchanged; 0 leaves the allocator as it is."),
     Knob("staleness_compensation", "none", _choice(("none", "inverse", "damped")), "none|inverse|damped",
-         "Relaxed gradient policies: scale each gradient by its predicted staleness before it is pushed; inverse: "
-         "min(1, n / staleness) (Zhang et al. 2016, lr / staleness), none: unscaled.",
-         ("asp", "ssp", "dssp", "zipline", "wbsp")),
+         "Scale each update by its predicted staleness s: inverse min(1, n/s), damped n/(n+s), or none.", _RELAXED,
+         doc="The weight is predicted when the update is pushed; inverse: min(1, n / staleness) (Zhang et al. 2016, "
+             "lr / staleness), damped: n / (n + staleness), none: unscaled (hvd_elastic/engine/staleness.py)."),
     Knob("momentum_per", "round", _choice(("round", "share", "tick")), "round|share|tick",
-         "Relaxed gradient policies, PyTorch optimizers with a momentum setting: round: once per n gradients, as "
-         "under Horovod -- SGD: the tick in which a round starts takes SGD's step, a tick continuing the round adds "
-         "its gradient without decaying the momentum (a split round is exactly one SGD step); other optimizers "
-         "(RMSprop): as share; share: a tick carrying k of the n gradients runs the step with momentum^(k/n); "
-         "tick: a whole step per tick. Keras/TF: always per tick.", ("asp", "ssp", "dssp", "zipline")),
+         "PyTorch momentum: once per n gradients as Horovod (round), by a tick's share (share), or per tick.",
+         _GRADIENT,
+         doc="PyTorch optimizers with a momentum setting. round: once per n gradients, as under Horovod -- SGD: "
+             "the tick in which a round starts takes SGD's step, a tick continuing the round adds its gradient "
+             "without decaying the momentum (a split round is exactly one SGD step); other optimizers (RMSprop): "
+             "as share; share: a tick carrying k of the n gradients runs the step with momentum^(k/n); tick: a "
+             "whole step per tick. Keras/TF: always per tick."),
     Knob("emulate_delay", {}, _per_rank(0.0), "'*:SECONDS,RANK:SECONDS,...' with SECONDS >= 0",
-         "Emulated straggler: extra sleep per step, for every rank (*) and/or named ranks."),
+         "Emulated straggler: extra sleep per step, for every rank and/or named ranks."),
     Knob("emulate_slowdown", {}, _per_rank(1.0), "'*:FACTOR,RANK:FACTOR,...' with FACTOR >= 1",
          "Emulated straggler: a rank's compute takes FACTOR times as long (the extra is slept)."),
     Knob("emulate_sample_delay", {}, _per_rank(0.0), "'*:SECONDS,RANK:SECONDS,...' with SECONDS >= 0",
-         "Emulated straggler: extra sleep per sample of the rank's batch (lbbsp, where batch sizes differ).",
-         ("lbbsp",)),
+         "Emulated straggler: extra sleep per sample of the rank's batch.", ("lbbsp",)),
     Knob("emulate_jitter", {}, _per_rank(0.0), "'*:J,RANK:J,...' with J >= 0",
-         "Emulated noise: each step's emulated extra sleep is multiplied by a factor drawn uniformly in "
-         "[1 - J, 1 + J] (at least 0)."),
+         "Emulated noise: each step's emulated sleep is scaled by a factor drawn in [1 - J, 1 + J].",
+         doc="The factor is drawn uniformly in [1 - J, 1 + J] (at least 0)."),
     Knob("emulate_vary_period", 0.0, _float(0.0), "number >= 0 (seconds; 0: off)",
-         "Emulated non-dedicated machines: every this many seconds each rank redraws its speed (see "
-         "HVD_ELASTIC_EMULATE_VARY_FACTOR)."),
+         "Emulated non-dedicated machines: every this many seconds each rank redraws its speed."),
     Knob("emulate_vary_factor", {}, _per_rank(1.0), "'*:FACTOR,RANK:FACTOR,...' with FACTOR >= 1",
-         "Emulated non-dedicated machines: the emulated extra sleep is multiplied by a factor redrawn uniformly in "
-         "[1, FACTOR] every HVD_ELASTIC_EMULATE_VARY_PERIOD seconds (seeded by rank: reproducible)."),
+         "Emulated non-dedicated machines: the emulated sleep is scaled by a factor redrawn in [1, FACTOR].",
+         doc="The factor is redrawn uniformly in [1, FACTOR] every HVD_ELASTIC_EMULATE_VARY_PERIOD seconds (seeded "
+             "by rank: reproducible)."),
     Knob("stall_timeout", 120.0, _float(0.0, exclusive=True), "number > 0 (seconds)",
-         "Every policy: when no rank has made progress (a training step, or an update applied while finishing) "
-         "for this long, every live rank prints one line naming the rank(s) that stopped (from per-rank "
-         "heartbeats) and the job exits non-zero; a rank whose heartbeat connection closes mid-training is named "
-         "at once. Must exceed the longest step and any pause between steps (evaluation, checkpoint)."),
+         "After this long without progress of any rank, every rank names the stopped ones and the job exits.",
+         doc="Progress: a training step, or an update applied while finishing. Every live rank prints one line "
+             "naming the rank(s) that stopped (from per-rank heartbeats) and the job exits non-zero; a rank whose "
+             "heartbeat connection closes mid-training is named at once. Must exceed the longest step and any "
+             "pause between steps (evaluation, checkpoint)."),
     Knob("report", True, _bool, "0|1",
          "Rank 0 prints the per-rank time breakdown at the end of the run."),
     Knob("report_json", "", _text, "a file path, or empty",
@@ -227,36 +238,8 @@ KNOBS = (
 KNOBS_BY_NAME = {k.name: k for k in KNOBS}
 
 
-@dataclasses.dataclass(frozen=True)
-class Config:
-    policy: str = "bsp"
-    staleness: int = 3
-    dssp_lower: int = 3
-    dssp_upper: int = 15
-    lookahead: int = 15
-    predictor: str = "last"
-    lbbsp_mode: str = "cpu"
-    lbbsp_tolerance: float = 0.05
-    global_batch: int = 0
-    lbbsp_caps: Mapping[Any, int] = dataclasses.field(default_factory=dict)
-    wbsp_overlap: bool = False
-    tick_ms: float = 1.0
-    tick_pacing: str = "auto"
-    max_inflight: Any = 0
-    peer_wait: float = 0.5
-    push_at_backward: bool = True
-    keep_heap: bool = True
-    staleness_compensation: str = "none"
-    momentum_per: str = "round"
-    emulate_delay: Mapping[Any, float] = dataclasses.field(default_factory=dict)
-    emulate_slowdown: Mapping[Any, float] = dataclasses.field(default_factory=dict)
-    emulate_sample_delay: Mapping[Any, float] = dataclasses.field(default_factory=dict)
-    emulate_jitter: Mapping[Any, float] = dataclasses.field(default_factory=dict)
-    emulate_vary_period: float = 0.0
-    emulate_vary_factor: Mapping[Any, float] = dataclasses.field(default_factory=dict)
-    stall_timeout: float = 120.0
-    report: bool = True
-    report_json: str = ""
+class _ConfigMethods:
+    """The methods of :class:`Config` (its fields are generated from KNOBS below)."""
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None, **overrides) -> "Config":
@@ -281,6 +264,20 @@ class Config:
             v = getattr(self, k.name)
             out[k.name] = {str(kk): vv for kk, vv in v.items()} if isinstance(v, Mapping) else v
         return out
+
+
+def _field(knob: Knob):
+    """(name, type, default) of the Config field of `knob`; a mutable default is copied for each Config."""
+    if isinstance(knob.default, (dict, list, set)):
+        return knob.name, Any, dataclasses.field(default_factory=functools.partial(copy.deepcopy, knob.default))
+    return knob.name, Any, knob.default
+
+
+# The settings of a run, frozen: one field per Knob in KNOBS, same name and default (cfg.policy, cfg.staleness, ...),
+# so that each default is written once, in KNOBS.
+Config = dataclasses.make_dataclass(
+    "Config", [_field(k) for k in KNOBS], bases=(_ConfigMethods,), frozen=True,
+    namespace={"__module__": __name__, "__doc__": "The settings of a run (Config.from_env()): one field per Knob."})
 
 
 def raw_settings(environ: Optional[Mapping[str, str]] = None, overrides: Optional[Mapping[str, Any]] = None) -> Dict:
@@ -392,3 +389,39 @@ def check_ranks_agree(raw: Mapping[str, list], allgather_object: Callable[[Any],
             parts = "; ".join(f"ranks {','.join(map(str, r))}: {v}" for v, r in seen.items())
             diffs.append(f"{PREFIX + name.upper()} differs across ranks ({parts})")
     raise ConfigError(" | ".join(diffs))
+
+
+# ---- the README's knobs table, generated from KNOBS ----------------------------------------------------------------
+README_BEGIN = "<!-- knobs:begin (generated from KNOBS: python -m hvd_elastic.knobs --readme) -->"
+README_END = "<!-- knobs:end -->"
+
+
+def _markdown(text: str) -> str:
+    """`text` as a table cell: a | separates cells and a * may start emphasis, so both are escaped."""
+    return re.sub(r"\s*\|\s*", r" \\| ", text).replace("*", r"\*")
+
+
+def shown_default(knob: Knob) -> str:
+    """The default as the variable would be written: 0|1 for a switch, (unset) for an empty value."""
+    if isinstance(knob.default, bool):
+        return str(int(knob.default))
+    return "(unset)" if knob.default in ({}, "") else str(knob.default)
+
+
+def knob_table() -> str:
+    """The README's knobs table (markdown): one row per Knob, its summary as what it does."""
+    rows = ["| variable | default | accepted | read by | what it does |", "|---|---|---|---|---|"]
+    for k in KNOBS:
+        read_by = ", ".join(k.used_by) or "every policy"
+        rows.append(f"| `{k.variable}` | `{shown_default(k)}` | {_markdown(k.accepted)} | {read_by} "
+                    f"| {_markdown(k.summary)} |")
+    return "\n".join(rows) + "\n"
+
+
+def with_knob_table(readme: str) -> str:
+    """`readme` with the text between README_BEGIN and README_END replaced by :func:`knob_table`."""
+    head, begin, rest = readme.partition(README_BEGIN)
+    _, end, tail = rest.partition(README_END)
+    if not begin or not end:
+        raise ValueError(f"no knobs table marked {README_BEGIN} ... {README_END}")
+    return head + begin + "\n" + knob_table() + end + tail

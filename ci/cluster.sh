@@ -236,11 +236,15 @@ cluster_namespaces() {
 }
 
 do_down() {
-  local ns pidf link
+  local ns pidf pid link
   # 1. sshd processes, by the pid files this script's sshd configs name.
   for pidf in "$RUN"/*.sshd.pid; do
     [ -e "$pidf" ] || continue
-    kill_pids "$(cat "$pidf" 2>/dev/null || true)"
+    pid="$(cat "$pidf" 2>/dev/null || true)"
+    # Only if that pid is still our sshd (a stale pid file may name a reused pid).
+    if [ -n "$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "-f $RUN/"; then
+      kill_pids "$pid"
+    fi
     rm -f "$pidf"
   done
   # 2. Whatever else still runs inside the host namespaces (jobs started over ssh, orphans of a failed up).
@@ -509,14 +513,14 @@ EOF
   horovodrun -np "$n" -H "$hslots" --gloo --network-interface "$IFACE" --disable-cache \
     "$py" "$RUN/check.py" "$mb" || rc=1
   after="$(veth_bytes)"
-  echo "veth bytes (rx+tx, bridge side): $(( (after - before) / 1048576 )) MiB"
+  echo "veth bytes: $(( (after - before) / 1048576 )) MiB rx+tx over all host links, ~$(( (after - before) / 2 / n / 1048576 )) MiB each way per host"
   echo "== mpirun on $hosts"
   before="$(veth_bytes)"
   # shellcheck disable=SC2086
   mpirun --allow-run-as-root -np "$n" -H "$hosts" $MPI_MCA -x PATH ${PYTHONPATH:+-x PYTHONPATH} \
     "$py" "$RUN/check.py" "$mb" || rc=1
   after="$(veth_bytes)"
-  echo "veth bytes (rx+tx, bridge side): $(( (after - before) / 1048576 )) MiB"
+  echo "veth bytes: $(( (after - before) / 1048576 )) MiB rx+tx over all host links, ~$(( (after - before) / 2 / n / 1048576 )) MiB each way per host"
   return "$rc"
 }
 

@@ -30,6 +30,9 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .cluster import launch_command as cluster_command
+from .cluster import link_bytes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 BASE = 0.0005                     # the profiles' per-step extras are given at 0.5 ms per sample, 16 samples a step
 BASE_STEP = BASE * 16             # (an 8 ms step) and scale with the task's step: batch x --sample-ms
@@ -114,13 +117,8 @@ TASKS: Dict[str, Dict] = {
 }
 
 
-def launch_command(launcher: str, np_: int, module: str, args: List[str]) -> List[str]:
-    py = sys.executable
-    if launcher == "horovodrun":
-        return [os.path.join(os.path.dirname(py), "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
-                py, "-m", module, *args]
-    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np_),
-            py, "-m", module, *args]
+def launch_command(launcher: str, np_: int, module: str, args: List[str], hosts=None, exports=()) -> List[str]:
+    return cluster_command(launcher, np_, [sys.executable, "-m", module, *args], hosts, exports)
 
 
 def per_rank_floats(text: str, n: int) -> List[float]:
@@ -196,8 +194,10 @@ def run_one(frontend: str, profile: str, policy: str, seed: int, opts, workdir: 
     if "HVD_ELASTIC_POLICY" not in settings:    # plain Horovod (or a control: Horovod with a setting of its own)
         args += ["--impl", "horovod"]
     env.update(settings)
-    cmd = launch_command(opts.launcher, 4, WORKERS[frontend], args)
+    cmd = launch_command(opts.launcher, 4, WORKERS[frontend], args, opts.hosts,
+                         exports=sorted(k for k in env if k.startswith(("HVD_ELASTIC_", "TF_CPP_"))))
     t0 = time.perf_counter()
+    before = link_bytes(opts.hosts) if opts.hosts else {}
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=opts.timeout)
     if proc.returncode != 0 or not os.path.exists(out):
@@ -206,6 +206,9 @@ def run_one(frontend: str, profile: str, policy: str, seed: int, opts, workdir: 
     res = json.load(open(out))
     res.update({"frontend": frontend, "profile": profile, "name": policy, "seed": seed, "task": opts.task,
                 "job_s": time.perf_counter() - t0})
+    if opts.hosts:   # what crossed each host's link during the job (both directions)
+        after = link_bytes(opts.hosts)
+        res["link_mb"] = {h: (after[h] - before[h]) / 1e6 for h in opts.hosts}
     return res
 
 
@@ -705,6 +708,8 @@ def parse_args(argv=None):
     ap.add_argument("--momentum", type=float, default=0.5)
     ap.add_argument("--eval-every", type=int, help="rank 0's local steps between snapshots (default: the task's)")
     ap.add_argument("--launcher", choices=["mpirun", "horovodrun"], default="mpirun")
+    ap.add_argument("--hosts", type=lambda v: [h for h in v.split(",") if h], default=None,
+                    help="one rank per host of this comma list (a cluster of ci/cluster.sh) instead of localhost")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per job")
     ap.add_argument("--out", default="bench-results", help="folder for results and plots")
     ap.add_argument("--docs", action="store_true", help="write docs/benchmarks.md and docs/bench/*.png")

@@ -20,6 +20,8 @@ import statistics
 import subprocess
 import sys
 
+from cluster import launch_command, link_bytes   # benchmarks/cluster.py (this script runs as a file)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "benchmarks", "scale_worker.py")
 BATCH = 16   # samples per rank per step
@@ -36,25 +38,24 @@ POLICIES = {"horovod": None, "bsp": {"HVD_ELASTIC_POLICY": "bsp"}, "lbbsp": {"HV
 DEFAULT_POLICIES = "horovod,bsp,lbbsp,asp,ssp,dssp,zipline,wbsp-overlap"
 
 
-def run_cell(policy, params_m, ranks, steps, timeout, device="cpu", launcher="mpirun", delay=""):
+def run_cell(policy, params_m, ranks, steps, timeout, device="cpu", launcher="mpirun", delay="", hosts=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HVD_ELASTIC_")}
     env.update({"PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""), "HOROVOD_LOG_LEVEL": "warning",
                 "OMPI_MCA_rmaps_base_oversubscribe": "1", "HVD_ELASTIC_REPORT": "0"})
     env.update(POLICIES[policy] or {})
     if policy == "lbbsp":   # the global batch it re-divides: the same samples per step as every other policy
         env["HVD_ELASTIC_GLOBAL_BATCH"] = str(BATCH * ranks)
-    cmd = (["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks)]
-           if launcher == "mpirun" else
-           [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}",
-            "--gloo"])
-    cmd += [sys.executable, WORKER, "--params", str(params_m), "--steps", str(steps), "--batch", str(BATCH),
-            "--impl", "horovod" if policy == "horovod" else "hvd_elastic", "--device", device]
+    program = [sys.executable, WORKER, "--params", str(params_m), "--steps", str(steps), "--batch", str(BATCH),
+               "--impl", "horovod" if policy == "horovod" else "hvd_elastic", "--device", device]
     if delay:
-        cmd += ["--delay", delay]
+        program += ["--delay", delay]
+    cmd = launch_command(launcher, ranks, program, hosts, exports=sorted(k for k in env if k.startswith("HVD_")))
+    before = link_bytes(hosts) if hosts else {}
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}
+    after = link_bytes(hosts) if hosts else {}
     lines = [line for line in out.stdout.splitlines() if line.startswith("SCALE ")]
     if out.returncode != 0 or not lines:
         return {"error": f"exit {out.returncode}: {(out.stdout + out.stderr)[-600:]}"}
@@ -66,6 +67,8 @@ def run_cell(policy, params_m, ranks, steps, timeout, device="cpu", launcher="mp
             "buffers": max((r.get("buffers") or 0) for r in ranks_),
             "held_max": max((r.get("held_max") or 0) for r in ranks_),
             "samples_per_s": sum(r["samples_per_s"] for r in ranks_),
+            # what crossed each host's link per step, both directions (a cluster of ci/cluster.sh)
+            "link_mb_per_step": {h: (after[h] - before[h]) / 1e6 / ranks_[0]["steps_total"] for h in after},
             "peak_gpu_mb": max((r.get("peak_gpu_mb") or 0) for r in ranks_) or None}
 
 
@@ -81,6 +84,8 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--launcher", choices=["mpirun", "horovodrun"], default="mpirun")
     ap.add_argument("--slowdown", type=float, default=1.0, help="rank 1's compute this many times as long")
+    ap.add_argument("--hosts", type=lambda v: [h for h in v.split(",") if h], default=None,
+                    help="one rank per host of this comma list (a cluster of ci/cluster.sh) instead of localhost")
     args = ap.parse_args()
     policies = [p for p in args.policies.split(",") if p]
     unknown = [p for p in policies if p not in POLICIES]
@@ -93,14 +98,15 @@ def main():
             delay = ""
             for k in range(args.repeats):
                 for p in policies:
-                    cell = run_cell(p, params_m, ranks, args.steps, args.timeout, args.device, args.launcher, delay)
+                    cell = run_cell(p, params_m, ranks, args.steps, args.timeout, args.device, args.launcher, delay,
+                                    args.hosts)
                     rounds[p].append(cell)
                     if p == "horovod" and args.slowdown > 1 and not delay and "error" not in cell:
                         # the homogeneous Horovod step sets the straggler's extra; this round's reference re-runs
                         delay = f"1:{(args.slowdown - 1) * cell['step_s']:.4f}"
                         print(f"[scale] rank 1 sleeps {delay.split(':')[1]} s a step (slowdown {args.slowdown:g})")
                         cell = run_cell(p, params_m, ranks, args.steps, args.timeout, args.device, args.launcher,
-                                        delay)
+                                        delay, args.hosts)
                         rounds[p][-1] = cell
                     print(f"[scale] {params_m}M x{ranks} round {k + 1}/{args.repeats} {p}: "
                           + (cell["error"] if "error" in cell else

@@ -118,6 +118,7 @@ def main():
         policy = report["policy"] if report else "horovod"
         bytes_per_step = 4.0 * (numel + (size * 3 * 4 if policy == "lbbsp" else 0))
     mine = {"rank": rank, "step_s": elapsed / max(local, 1), "elapsed_s": elapsed, "local_steps": local,
+            "steps_total": steps,
             "samples_per_s": samples[0] / elapsed, "peak_gpu_mb": gpu_mb,
             "peak_rss_mb": rss_mb, "bytes_per_step": bytes_per_step,
             "ticks": counters.get("ticks"), "payload_collectives": counters.get("payload_collectives"),

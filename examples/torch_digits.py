@@ -8,6 +8,7 @@ Launch (4 ranks; rank 3 an emulated straggler):
 Prints the test accuracy and (rank 0) each rank's compute / wait / communication time.
 """
 import argparse
+import json
 import time
 
 import horovod.torch as hvd
@@ -30,6 +31,7 @@ def main():
     ap.add_argument("--batch-size", type=int, default=16, help="per-rank batch size")
     ap.add_argument("--lr", type=float, default=0.05, help="learning rate before scaling by the number of ranks")
     ap.add_argument("--momentum", type=float, default=0.5)
+    ap.add_argument("--summary", default="", help="rank 0 writes accuracy, wall time and policy here as JSON")
     args = ap.parse_args()
 
     hvd.init()
@@ -72,9 +74,12 @@ def main():
                 next_report += total // args.epochs
     with torch.no_grad():
         acc = (model(x_te).argmax(1) == y_te).float().mean().item()
+    wall = time.perf_counter() - t0
     if hvd.rank() == 0:
-        print(f"test accuracy: {acc:.4f}  (policy {opt._hvd_elastic.cfg.policy}, "
-              f"{time.perf_counter() - t0:.1f} s wall)", flush=True)
+        print(f"test accuracy: {acc:.4f}  (policy {opt._hvd_elastic.cfg.policy}, {wall:.1f} s wall)", flush=True)
+        if args.summary:
+            with open(args.summary, "w") as f:
+                json.dump({"accuracy": acc, "wall_s": wall, "policy": opt._hvd_elastic.cfg.policy}, f)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ ap.add_argument("--remove-at", type=int, default=-1)
 ap.add_argument("--add-at", type=int, default=-1)
 ap.add_argument("--kill-at", type=int, default=-1)
 ap.add_argument("--wait", action="append", default=[], help="STEP:SIZE")
+ap.add_argument("--host-names", default="", help="comma list: the discovery file lists the first k of these hosts "
+                                                 "with one slot each (a cluster) instead of localhost:k")
 ap.add_argument("--step-sleep", type=float, default=0.05)
 args = ap.parse_args()
 waits = dict(tuple(map(int, w.split(":"))) for w in args.wait)
@@ -52,7 +54,8 @@ state = hvd.elastic.TorchState(model=model, optimizer=opt, batch=0, sizes=[])
 def write_hosts(slots):
     tmp = args.hosts_file + ".tmp"
     with open(tmp, "w") as f:
-        f.write(f"localhost:{slots}\n")
+        names = [h for h in args.host_names.split(",") if h]
+        f.write("".join(f"{h}:1\n" for h in names[:slots]) if names else f"localhost:{slots}\n")
     os.replace(tmp, args.hosts_file)
 
 

@@ -1,0 +1,143 @@
+"""Across hosts: a cluster of 4 hosts on this machine (ci/cluster.sh: network namespaces on a bridge, each with its
+own address, host name and sshd), launched as on a real cluster (ssh in, TCP between hosts, no loopback shortcut).
+
+Every policy under both launchers (PyTorch), Keras model.fit under bsp and asp, elastic bsp, and the fault paths: a
+rank stopped (SIGSTOP) on another host and a host's link cut mid-run are named by the watchdog and end the job on
+every live rank. Needs root and `ip netns` (CI runs as root); skipped with the reason elsewhere.
+"""
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import time
+
+import pytest
+
+from launch import BIN, ROOT, job_env, run
+
+HOSTS = [f"hvde-h{k}" for k in range(1, 5)]
+NET = "10.213.0"
+CLUSTER = os.path.join(ROOT, "ci", "cluster.sh")
+STALL_S = 10
+
+
+def _cluster(*args, check=True):
+    return subprocess.run(["bash", CLUSTER, *args], capture_output=True, text=True, check=check, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("multi-host tests need root and iproute2 (network namespaces): ci/cluster.sh up cannot run here")
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"multi-host tests need `ip netns`: {probe.stderr.strip()[:100]}")
+    up = _cluster("up", str(len(HOSTS)), "--rate", "1gbit", "--venv", os.path.dirname(BIN), check=False)
+    if up.returncode != 0:
+        _cluster("down", check=False)
+        pytest.fail(f"ci/cluster.sh up failed: {up.stderr[-2000:]}")
+    yield HOSTS
+    _cluster("down")
+
+
+def _command(launcher, script, args, np=4, env=None):
+    py = os.path.join(BIN, "python")
+    script = os.path.join(ROOT, script)
+    if launcher == "horovodrun":
+        return [os.path.join(BIN, "horovodrun"), "-np", str(np), "-H", ",".join(f"{h}:1" for h in HOSTS[:np]),
+                "--gloo", "--network-interface", "hvde0", "--disable-cache", py, script, *map(str, args)]
+    exports = [x for name in ["PATH", "PYTHONPATH", *sorted(env or {})] for x in ("-x", name)]
+    return ["mpirun", "--allow-run-as-root", "--tag-output", "-np", str(np), "-H", ",".join(HOSTS[:np]),
+            "--mca", "pml", "ob1", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", f"{NET}.0/24",
+            "--mca", "oob_tcp_if_include", f"{NET}.0/24", *exports, py, script, *map(str, args)]
+
+
+def _launch(launcher, script, args, env=None, timeout=240, np=4):
+    return run(_command(launcher, script, args, np, env), job_env(env), timeout)
+
+
+@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
+def test_every_policy_runs_across_hosts(cluster, launcher, tmp_path):
+    res = _launch(launcher, "tests/workers/multihost.py", [tmp_path], env={"HVD_ELASTIC_STALL_TIMEOUT": "60"})
+    assert res.returncode == 0 and not res.timed_out, res.output[-5000:]
+    ranks = json.load(open(tmp_path / "multihost.json"))
+    assert sorted(r["host"] for r in ranks) == HOSTS, [r["host"] for r in ranks]   # one rank per host
+    for policy in ranks[0]["policies"]:
+        runs = [r["policies"][policy] for r in ranks]
+        assert len({r["weights"] for r in runs}) == 1, (policy, runs)               # identical replicas
+        if policy not in ("bsp", "lbbsp"):
+            pushed = sum(r["counters"]["pushed"] for r in runs)
+            assert pushed == 4 * 30 and all(r["counters"]["applied_contributions"] == pushed for r in runs), policy
+
+
+@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
+def test_keras_fit_runs_across_hosts(cluster, launcher, tmp_path):
+    res = _launch(launcher, "tests/workers/keras_fit.py",
+                  [tmp_path, "--mode", "policies", "--policies", "bsp,asp", "--target", 200])
+    assert res.returncode == 0 and not res.timed_out, res.output[-5000:]
+
+
+def _fault_time(res):
+    m = re.search(r"fault: \w+ on rank \d+ at \w+ \d+ \(time ([\d.]+)\)", res.output)
+    assert m, "the fault was never injected:\n" + res.output[-3000:]
+    return float(m.group(1))
+
+
+def test_a_stopped_rank_on_another_host_is_named(cluster):
+    env = {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_STALL_TIMEOUT": str(STALL_S), "HVD_ELASTIC_REPORT": "0",
+           "HVD_ELASTIC_EMULATE_DELAY": "*:0.01", "TEST_FAULT": "stop", "TEST_FAULT_RANK": "2",
+           "TEST_FAULT_STEP": "30"}
+    res = _launch("mpirun", "tests/workers/relaxed_train.py", ["/tmp", "--mode", "train", "--target", 100000],
+                  env=env, timeout=120)
+    end = time.time()
+    assert not res.timed_out and res.returncode != 0, res.output[-3000:]
+    named = [ln for ln in res.output.splitlines() if "hvd_elastic: error" in ln and "rank 2" in ln
+             and "no heartbeat" in ln]
+    assert named, res.output[-3000:]
+    assert end - _fault_time(res) < STALL_S + 15, end - _fault_time(res)
+
+
+def test_a_cut_link_is_named_and_the_job_ends(cluster):
+    """hvde-h4's link goes down mid-run: its heartbeats stop reaching rank 0's hub, and every live rank ends."""
+    env = {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_STALL_TIMEOUT": str(STALL_S), "HVD_ELASTIC_REPORT": "0",
+           "HVD_ELASTIC_EMULATE_DELAY": "*:0.01"}
+    proc = subprocess.Popen(_command("horovodrun", "tests/workers/relaxed_train.py",
+                                     ["/tmp", "--mode", "train", "--target", 100000], env=env),
+                            env=job_env(env), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        time.sleep(12)              # start-up (ssh, Horovod, the first steps)
+        cut = time.time()
+        subprocess.run(["ip", "link", "set", "hvde-h4-br", "down"], check=True)
+        out, _ = proc.communicate(timeout=STALL_S + 60)
+        ended = time.time() - cut
+    finally:
+        subprocess.run(["ip", "link", "set", "hvde-h4-br", "up"], check=False)
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+    assert proc.returncode != 0, out[-3000:]
+    assert [ln for ln in out.splitlines() if "hvd_elastic: error" in ln and "rank 3" in ln], out[-3000:]
+    assert ended < STALL_S + 30, ended
+
+
+def test_elastic_bsp_recovers_across_hosts(cluster, tmp_path):
+    """horovodrun --elastic over the cluster's hosts: a host removed from discovery mid-run, then added back."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("".join(f"{h}:1\n" for h in HOSTS[:3]))
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(discover.stat().st_mode | stat.S_IEXEC)
+    cmd = [os.path.join(BIN, "horovodrun"), "-np", "3", "--min-np", "2", "--max-np", "3",
+           "--host-discovery-script", str(discover), "--gloo", "--elastic-timeout", "60",
+           "--network-interface", "hvde0", os.path.join(BIN, "python"),
+           os.path.join(ROOT, "tests", "workers", "elastic_torch.py"), "--hosts-file", str(hosts), "--np", "3",
+           "--host-names", ",".join(HOSTS[:3]), "--steps", "80", "--remove-at", "20", "--wait", "20:2",
+           "--add-at", "40", "--wait", "40:3"]
+    res = run(cmd, job_env({"HVD_ELASTIC_POLICY": "bsp"}), timeout=240)
+    assert res.returncode == 0 and not res.timed_out, res.output[-4000:]
+    finals = [line for line in res.output.splitlines() if "ELASTIC rank=" in line]
+    assert len(finals) == 3, res.output[-4000:]
+    assert len({re.search(r"digest=(\d+)", f).group(1) for f in finals}) == 1, finals
+    assert all("sizes=3,2,3" in f for f in finals if "rank=0 " in f), finals

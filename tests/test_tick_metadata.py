@@ -210,17 +210,16 @@ def _zipline_after(meta, barriers=0):
     from hvd_elastic.config import Config
     from hvd_elastic.engine.policies import Zipline
     from hvd_elastic.engine.view import GlobalView
-    pol = Zipline(Config(policy="zipline", lookahead=15))
-    pol.attach(SimpleNamespace(size=len(meta), rank=0))
+    pol = Zipline(Config(policy="zipline", lookahead=15), rank=0, size=len(meta))
     pol.barriers = barriers
     view = GlobalView(len(meta))
     view.update(meta)
-    pol.on_tick(SimpleNamespace(meta=meta, index=1), view)
+    pol.observe(SimpleNamespace(meta=meta, index=1), view)
     return pol
 
 
 def test_zipline_first_barrier_of_ranks_within_the_exit_speed_goes_to_the_bound():
-    """zipline's first barrier (engine/policies.py Zipline.on_tick): warm-up step times 1.33x apart (within
+    """zipline's first barrier (engine/policies/zipline.py Zipline.observe): warm-up step times 1.33x apart (within
     AUTO_EXIT_SPEED, not PEER_SPEED) still count as peers before the first barrier, so its targets are the bound at
     one clock for every rank -- ZipLine's windows gave equally fast ranks targets a clock apart there (a split round).
     After a first barrier the entry test applies again; a 3x straggler goes to ZipLine's windows either way."""

@@ -607,9 +607,8 @@ class Ticker:
             self._lock.notify_all()
 
     def take(self, block: bool = False, timeout: Optional[float] = None) -> List[Tick]:
-        """Completed ticks not yet taken, in order. With block=True, wait until at least one is available."""
-        if block:
-            self.run_inline()
+        """Completed ticks not yet taken, in order. With block=True, wait until at least one is available (a caller
+        about to wait for its own push runs run_inline() first)."""
         with self._lock:
             if block:
                 deadline = None if timeout is None else time.monotonic() + timeout

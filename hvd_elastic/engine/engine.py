@@ -175,7 +175,7 @@ class SyncEngine:
 
     def _gate_input(self, inflight: int, peer_waited_s: float = 0.0) -> Gate:
         t = self.ticker
-        return Gate(self.view, self.rank, t.clock, t.interval_ns, t.last_push_ns, inflight, peer_waited_s)
+        return Gate(self.view, self.rank, t.clock, t.interval_ns, t.last_push_ns, inflight, peer_waited_s, t.now_ns())
 
     def _blocked_by(self) -> Optional[str]:
         """Why this rank may not start its next step: "comm" while more than max_inflight of its own pushes have

@@ -15,11 +15,15 @@ from typing import Dict, Optional
 
 import numpy as np
 
+
 from ... import _native
 from ...predictors import predict_interval
 from ..ticker import PEER_SPEED
 from ..updates import GradientUpdates
 from ..view import GlobalView
+
+
+PEER_OVERDUE = 0.25   # a peer this fraction of its push period past its predicted push is not waited for
 
 
 @dataclasses.dataclass
@@ -33,6 +37,7 @@ class Gate:
     last_push_ns: int       # this rank's latest push, on the job's common clock
     inflight: int = 0       # own pushes allowed in flight (Policy.max_inflight, resolved by the engine)
     peer_waited_s: float = 0.0   # time this step has already waited for peers (peer alignment)
+    now_ns: int = 0         # now, on the job's common clock
 
 
 class Policy:
@@ -101,18 +106,31 @@ class Policy:
     def waits_for_peers(self, gate: Gate) -> bool:
         """Peer alignment (HVD_ELASTIC_PEER_WAIT): after its update is in and the rule lets it go, a rank waits -- at
         most peer_wait_s -- for the updates of its peers (ranks about as fast as it is: step time within PEER_SPEED
-        of its own) whose clocks are behind its own. Equally fast ranks then push into the same ticks and compute on
-        the same weights, as under BSP; without it they drift into groups one tick apart and every gradient arrives
-        one update late (docs/design.md). Slower ranks are never waited for: that is the rule's business. With own
-        pushes allowed in flight (gate.inflight = k > 0) the peers' pushes of the last k rounds are in flight beside
-        this rank's own: a peer is behind only if its delivered clock is behind this rank's clock less k."""
-        if not self.updates.align_peers or gate.peer_waited_s >= self.peer_wait_s(gate):
+        of its own) whose clocks are behind its own, where waiting can pay: a peer whose push period is measured is
+        waited for only while its next push is predicted (last push + period) within the time left and is not
+        overdue (PEER_OVERDUE of its period past that prediction). Equally fast ranks then push into the same ticks
+        and compute on the same weights, as under BSP; without it they drift into groups one tick apart and every
+        gradient arrives one update late (docs/design.md). A peer that fell behind in clock while it was slow is
+        waited for only until its next push (it pushes once per period like this rank: the clocks do not catch up),
+        and a peer slowed down since its last push only until it is overdue. Slower ranks are never waited for:
+        that is the rule's business. With own pushes allowed in flight (gate.inflight = k > 0) the peers' pushes of
+        the last k rounds are in flight beside this rank's own: a peer is behind only if its delivered clock is
+        behind this rank's clock less k."""
+        left_s = self.peer_wait_s(gate) - gate.peer_waited_s
+        if not self.updates.align_peers or left_s <= 0:
             return False
         view, mine = gate.view, gate.interval_ns
         origin = self.clock_origin()
         mine_ran = gate.clock - gate.inflight - int(origin[self.rank])
-        return any(q != self.rank and not view.finished[q] and int(view.clocks[q] - origin[q]) < mine_ran
-                   and 0 < view.interval_ns[q] <= PEER_SPEED * mine for q in range(view.size))
+        for q in range(view.size):
+            if q == self.rank or view.finished[q] or not 0 < view.interval_ns[q] <= PEER_SPEED * mine \
+                    or int(view.clocks[q] - origin[q]) >= mine_ran:
+                continue
+            period = int(view.period_ns[q])
+            due = int(view.last_push_ns[q]) + period
+            if period <= 0 or (due <= gate.now_ns + left_s * 1e9 and gate.now_ns <= due + PEER_OVERDUE * period):
+                return True
+        return False
 
     def clock_origin(self) -> np.ndarray:
         """Per rank, the clock from which peer alignment counts its steps: 0 (clocks compared as they are), or where

@@ -85,6 +85,9 @@ class Zipline(Policy):
         self.forced += 1     # no room left for a prediction (always so with R = 1, which is BSP): stop here
         return view.clocks.copy()
 
+    def clock_origin(self):
+        return self.origin   # B_q: steps since the last barrier (every rank left it at the same moment)
+
     def holds(self, gate: Gate) -> bool:
         view = gate.view
         if view.finished.any():   # the job is ending: run free, the final barrier will follow

@@ -13,10 +13,10 @@ def test_the_guard_refuses_a_parameter_handed_to_an_inplace_broadcast():
     res = launch("mpirun", 2, "tests/workers/guard_probe.py", timeout=60)
     assert res.returncode != 0 and not res.timed_out, res.output[-2000:]
     assert res.lines_with("test guard: a tensor that requires grad"), res.output[-2000:]
-    assert not res.lines_with("broadcast done"), res.output[-2000:]
+    assert "broadcast done" not in res.output, res.output[-2000:]
 
 
 def test_the_guard_lets_a_detached_parameter_through():
     res = launch("mpirun", 2, "tests/workers/guard_probe.py", ["--detached"], timeout=60)
     assert res.returncode == 0, res.output[-2000:]
-    assert len(res.lines_with("broadcast done")) == 2, res.output[-2000:]
+    assert res.output.count("broadcast done") == 2, res.output[-2000:]   # mpirun may join the two lines

@@ -101,9 +101,9 @@ def test_a_user_collective_under_zipline_runs_or_is_named(launcher):
                  env=env, timeout=120)
     end = time.time()
     assert not res.timed_out, "the job hung:\n" + res.output[-3000:]
-    assert len(res.lines_with("fault: collective")) == 2, res.output[-3000:]
-    if res.returncode == 0:
-        assert "hvd_elastic: error" not in res.output, res.output[-3000:]
+    if res.returncode == 0:   # both ranks made the call and trained on
+        assert res.output.count("fault: collective") == 2 and "hvd_elastic: error" not in res.output, \
+            res.output[-3000:]
         return
     needles = ("blocked in a Horovod collective of the script's own", "'allreduce.test.user_collective'",
                "zipline gate")

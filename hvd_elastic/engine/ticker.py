@@ -752,18 +752,19 @@ class Ticker:
                     count, clock = count + 1, clock + 1
                     self.streamed += 1
                     self._encode_row(index, count, clock, 0, -1, 0)
-                parts.append(self._table_part(send))
+                table = self._write_table(send)
+                parts.append(buffers.view(send, self.numel, self._length) if table is None else table)
             self._allreduce_sum(parts, f"{self.name}.s{k}", self._blocking())
         self._handed(send)
         self.bytes_reduced += buffers.nbytes(send)
         return self._read_table(send)
 
-    def _table_part(self, send):
-        """The encoded row (_words) written where this tick's table travels: the tail of the payload buffer `send`
-        (host buffers), or the host table buffer (device buffers; also every probe's). Returns that part."""
+    def _write_table(self, send):
+        """Write the encoded row (_words) where this tick's table travels: the tail of the payload buffer `send`
+        (host buffers: returns None), or the host table buffer (device buffers, and every probe: returns it)."""
         if self._meta_in_payload and send is not None:
             self.buffers.set_words(send, self.numel, self._words)
-            return self.buffers.view(send, self.numel, self._length)
+            return None
         self._meta_kind.set_words(self._meta_buffer, 0, self._words)
         return self._meta_buffer
 
@@ -909,12 +910,12 @@ class Ticker:
             meta = self._send_chunks(send, member, index, count, clock)
         elif full:
             self._received(send)
-            table = self._table_part(send)
-            self._reduce([send] if self._meta_in_payload else [buffers.head(send, numel), table], self.name)
+            table = self._write_table(send)
+            self._reduce([send] if table is None else [buffers.head(send, numel), table], self.name)
             self._handed(send)
             meta = self._read_table(send)
         else:
-            self._reduce([self._table_part(None)], f"{self.name}.meta")
+            self._reduce([self._write_table(None)], f"{self.name}.meta")
             meta = self._read_table(None)
         if not (meta[:, SEQ] == index).all():
             raise TickerError(f"ranks are out of step at tick {index}: {meta[:, SEQ].tolist()}")

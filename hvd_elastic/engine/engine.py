@@ -31,7 +31,8 @@ from .. import watchdog as _watchdog
 from ..errors import HvdElasticError
 from ..telemetry import Telemetry
 from .staleness import StalenessLog, compensation_weight
-from .ticker import CLOCK, Tick, Ticker
+from .table import CLOCK, Tick
+from .ticker import Ticker
 from .view import GlobalView
 
 
@@ -241,12 +242,6 @@ class SyncEngine:
         self.finished = True
         self.telemetry.wait_s += time.perf_counter() - t0
         self.telemetry.counters.update({
-            "ticks": self.ticker.ticks, "nonempty_ticks": self.ticker.nonempty_ticks,
-            "payload_collectives": self.ticker.payload_collectives,
-            "join_ticks": self.ticker.join_ticks, "inline_ticks": self.ticker.inline_ticks,
-            "bytes_reduced": self.ticker.bytes_reduced,
-            "streamed_pushes": self.ticker.streamed, "buffers_allocated": self.ticker.buffers_allocated,
-            "held_ticks_max": self.ticker.held_max,
-            "tick_comm_s": round(self.ticker.comm_s, 3), "pushed": self.pushed,
+            **self.ticker.counters(), "pushed": self.pushed,
             "applied_contributions": self.applied_contributions, **self.staleness.counters()})
         self.policy.finish()

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import _native
 from ..predictors import predict_interval
-from .ticker import COUNT, PEER_SPEED, PERIOD_NS, still_peers
+from .table import COUNT, PEER_SPEED, PERIOD_NS, still_peers
 from .updates import DeltaUpdates, GradientUpdates
 
 
@@ -33,7 +33,7 @@ class Policy:
     # a rule with s = 0 must never let a rank see another rank's *next* update, which, with the push at the end of
     # backward, is often already in a completed tick when the rank reaches step().
     fresh_reads = False
-    # Auto tick pacing (engine/ticker.py) joins ticks under a straggler too if True; if False only while every rank
+    # Auto tick pacing (engine/pacing.py) joins ticks under a straggler too if True; if False only while every rank
     # is a peer of every other (probes otherwise)
     joins_stragglers = True
 
@@ -290,7 +290,7 @@ class Zipline(Policy):
         self.barriers = 0
         self.forced = 0
         self.at_bound = 0
-        self.peers = False   # every rank a peer of every other (ticker.still_peers on the tick stream)
+        self.peers = False   # every rank a peer of every other (table.still_peers on the tick stream)
         self.max_superstep = 0
         self.spreads_ns = []
         self.digest = None   # Buffers.fold_digest's running checksum (read at finish)

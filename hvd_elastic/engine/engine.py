@@ -35,7 +35,8 @@ from ..errors import HvdElasticError
 from ..telemetry import Telemetry
 from .policies import Download, Gate, Policy
 from .staleness import Staleness, compensation_weight
-from .ticker import CLOCK, Tick, Ticker
+from .table import CLOCK, Tick
+from .ticker import Ticker
 from .view import GlobalView
 
 
@@ -351,13 +352,8 @@ class SyncEngine:
         self.telemetry.counters.update(self._counters())
 
     def _counters(self) -> dict:
-        t = self.ticker
-        out = {"ticks": t.ticks, "nonempty_ticks": t.nonempty_ticks, "payload_collectives": t.payload_collectives,
-               "join_ticks": t.join_ticks, "inline_ticks": t.inline_ticks, "bytes_reduced": t.bytes_reduced,
-               "streamed_pushes": t.streamed, "buffers_allocated": t.buffers_allocated, "held_ticks_max": t.held_max,
-               "tick_comm_s": round(t.comm_s, 3), "pushed": self.pushed,
-               "applied_contributions": self.applied_contributions, **self.staleness.counters(),
-               **self.policy.counters()}
+        out = {**self.ticker.counters(), "pushed": self.pushed, "applied_contributions": self.applied_contributions,
+               **self.staleness.counters(), **self.policy.counters()}
         if not self.updates.local_step:
             out["max_inflight"] = self._max_inflight()
         if self.policy.has_barriers:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ticker import CLOCK, COUNT, FINISHED, INTERVAL_NS, LAST_PUSH_NS, OUTSIDE, PERIOD_NS
+from .table import CLOCK, COUNT, FINISHED, INTERVAL_NS, LAST_PUSH_NS, OUTSIDE, PERIOD_NS
 
 
 class GlobalView:

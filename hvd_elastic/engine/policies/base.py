@@ -18,7 +18,7 @@ import numpy as np
 
 from ... import _native
 from ...predictors import predict_interval
-from ..ticker import PEER_SPEED
+from ..table import PEER_SPEED
 from ..updates import GradientUpdates
 from ..view import GlobalView
 

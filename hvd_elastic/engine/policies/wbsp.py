@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 
 from ... import _native
-from ..ticker import COUNT
+from ..table import COUNT
 from ..updates import DeltaUpdates
 from .base import Gate, Intervals, Policy
 

@@ -6,7 +6,7 @@ from typing import Optional
 import numpy as np
 
 from ... import _native
-from ..ticker import PERIOD_NS, still_peers
+from ..table import PERIOD_NS, still_peers
 from .base import Gate, Intervals, Policy
 
 

@@ -7,7 +7,7 @@ native module:
 - :meth:`LbbspController.exchange` -- every step is one synchronous Sum-allreduce of ``[b_p * g_p | metadata]``,
   where g_p is the rank's mean gradient over its b_p samples and the metadata table (each rank fills its own row:
   step time in ns, b_p, whether the batch starts a pass over the data) rides in the same buffer as exact 16-bit
-  pieces (``engine.ticker.encode_meta``). The applied gradient is ``sum_p b_p g_p / sum_p b_p``: the gradient of
+  pieces (``engine.table.encode_meta``). The applied gradient is ``sum_p b_p g_p / sum_p b_p``: the gradient of
   one process over the whole global batch. :meth:`LbbspController.step_overlapped` (torch) reduces each gradient
   as backward produces it and submits the table with the first one (Horovod fuses them), so it carries the
   previous step's time and the sizes follow one step later.
@@ -29,7 +29,7 @@ from typing import Callable, Iterator, List, Optional, Tuple
 import numpy as np
 
 from . import _native
-from .engine.ticker import META_PIECES, decode_meta, encode_meta
+from .engine.table import META_PIECES, decode_meta, encode_meta
 from .errors import ConfigError, HvdElasticError
 from .predictors import predict_interval
 

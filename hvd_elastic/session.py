@@ -1,6 +1,7 @@
 """One training run of a wrapped optimizer, framework-free and shared by every frontend: configuration,
-telemetry, emulated slowness, the sync engine (relaxed policies, set by the frontend), the LB-BSP controller
-(policy lbbsp) and the end-of-run report. The frontend passes its rank, size and ``allgather_object``."""
+telemetry, emulated slowness, the sync engine (relaxed policies: :meth:`Session.start_engine`, the one place an
+engine is built), the LB-BSP controller (policy lbbsp) and the end-of-run report. The frontend passes its rank, size
+and ``allgather_object``."""
 from __future__ import annotations
 
 import time
@@ -9,6 +10,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from . import watchdog as _watchdog
 from .config import Config
 from .emulation import Straggler
+from .engine.engine import Frontend, SyncEngine
+from .engine.policies import make_policy
 from .lbbsp import LbbspController
 from .telemetry import Telemetry, finish_report
 
@@ -25,7 +28,7 @@ class Session:
         self._slept_early = False   # this step's emulated delay was slept when backward started (emulate_early)
         self.last_step_end = time.perf_counter()
         self._last_compute: Optional[float] = None
-        self.engine = None          # SyncEngine under the relaxed policies (built by the frontend)
+        self.engine: Optional[SyncEngine] = None   # under the relaxed policies (start_engine)
         self.lbbsp: Optional[LbbspController] = (LbbspController(cfg, rank, size, self.telemetry)
                                                  if cfg.policy == "lbbsp" else None)
         self.report: Optional[Dict[str, Any]] = None
@@ -36,6 +39,13 @@ class Session:
                                                   cfg.policy)
         self.watchdog.between_steps(_watchdog.UNKNOWN)
         self.telemetry.on_step = self.watchdog.step_done
+
+    def start_engine(self, frontend: Frontend) -> SyncEngine:
+        """Build this session's sync engine for the configured relaxed policy (collective: every rank, the same
+        frontend shape and tick name)."""
+        policy = make_policy(self.cfg, self.rank, self.size)
+        self.engine = SyncEngine(policy, self.rank, self.size, frontend, self.telemetry, self.cfg)
+        return self.engine
 
     def begin_step(self, samples: int = 0) -> float:
         """Measure this step's compute (since the last step ended) and inject emulated delay, unless
@@ -94,13 +104,18 @@ class Session:
         self.telemetry.add_step(compute)
         self.last_step_end = time.perf_counter()
 
+    def wait_for_first_update(self):
+        """Relaxed gradient policies: block until the first tick with an update is applied (its optimizer state
+        exists on every rank from then on); the wait is not this rank's next step's compute."""
+        self.engine.wait_for_first_update()
+        self.last_step_end = time.perf_counter()
+
     def global_steps(self) -> int:
         """Steps taken by all ranks together, as far as this rank knows: exact in lock-step (bsp, lbbsp); under
         relaxed policies the others' delivered clocks plus this rank's own steps."""
         if self.engine is None:
             return self.telemetry.steps * self.size
-        view, own = self.engine.view, self.engine.ticker.clock
-        return int(view.clocks.sum() - view.clocks[self.rank] + own)
+        return self.engine.global_steps()
 
     def finish(self) -> Dict[str, Any]:
         """Collective: flush every update, final sync, end-of-run report (idempotent)."""

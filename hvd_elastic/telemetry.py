@@ -9,6 +9,7 @@ blocked, and each rank's wait_k = blocked_k - comm_k (used when every rank ran t
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
@@ -31,6 +32,26 @@ class Telemetry:
         self.emulated_s = 0.0      # injected straggler delay (included in compute_s)
         self.counters: Dict[str, Any] = {}
         self.on_step: Optional[Callable[[], None]] = None   # called after every step (the watchdog's progress)
+        self._nested: List[float] = []   # open spans: time of the spans nested in each (span)
+
+    @contextlib.contextmanager
+    def span(self, kind: str):
+        """Time spent inside counts as `kind` ("compute", "wait" or "comm"), less the time of the spans nested inside
+        it, which count as their own kinds (applying a tick while waiting at a gate is computation). The one place
+        where a relaxed step's time is accounted (engine.py, session.py)."""
+        t0 = time.perf_counter()
+        self._nested.append(0.0)
+        try:
+            yield
+        finally:
+            inner = self._nested.pop()
+            dt = time.perf_counter() - t0
+            attr = self._SPAN_KINDS[kind]
+            setattr(self, attr, getattr(self, attr) + dt - inner)
+            if self._nested:
+                self._nested[-1] += dt
+
+    _SPAN_KINDS = {"compute": "compute_s", "wait": "wait_s", "comm": "comm_s"}
 
     def restart(self, t0: float):
         """Measure from `t0` on: time accounted before it (set-up: broadcasts, a replica sync) is dropped."""

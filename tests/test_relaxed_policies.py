@@ -51,7 +51,7 @@ def test_degenerate_settings_give_bsp_weights(case, tmp_path):
 @pytest.mark.parametrize("policy", ["ssp", "asp"])
 def test_streamed_pushes_of_a_large_model_keep_bsp_weights_and_every_update(policy, tmp_path):
     """2.25M parameters: full ticks go in chunks and a rank's gradient is read during backward (streamed push,
-    engine/ticker.py). ssp s=0 must still give Horovod's weights; asp must apply every push once on every rank and
+    engine/stream.py). ssp s=0 must still give Horovod's weights; asp must apply every push once on every rank and
     leave identical replicas."""
     env = {"HVD_ELASTIC_POLICY": policy, "HVD_ELASTIC_STALENESS": "0"}
     ranks = _run("mpirun", env, tmp_path, np_=2, args=("--mode", "degenerate", "--steps", "20", "--hidden", "90000"))
@@ -84,7 +84,7 @@ def _buffers_reused(counters):
     """No model-sized allocation per tick: a rank makes at most as many update buffers as it needs at once (the
     ticks it holds, pending, the tick in flight, a spare), however many ticks it runs. (POOL_LIMIT keeps only so many
     given back: past it a rank holding more ticks at once may make some again.)"""
-    from hvd_elastic.engine.ticker import POOL_LIMIT
+    from hvd_elastic.engine.pool import POOL_LIMIT
     for c in counters:
         assert c["nonempty_ticks"] > 10 and c["held_ticks_max"] >= 1, c
         if c["held_ticks_max"] <= POOL_LIMIT:
@@ -173,7 +173,7 @@ def test_zipline_barriers_bound_iterations_and_replicas_match_at_every_barrier(p
 
 
 def test_zipline_with_equal_speeds_places_barriers_at_the_bound(tmp_path):
-    """While every rank is a peer of every other (engine/ticker.py still_peers: nobody is a straggler), ZipLine's
+    """While every rank is a peer of every other (engine/table.py still_peers: nobody is a straggler), ZipLine's
     windows all predict the same wait and its tie went to the earliest: a barrier every ~2.7 iterations, each one
     splitting rounds of pushes (docs/benchmarks.md, twenty-third session). Such barriers go to the bound instead, at
     one clock for every rank: R steps after the least superstep start. Asserted: nearly every barrier at the bound,
@@ -206,7 +206,7 @@ def test_wbsp_downloads_only_models_that_include_the_slowest_upload(overlap, tmp
 
 @pytest.mark.parametrize("policy", ["asp", "zipline"])
 def test_join_pacing_keeps_the_invariants_with_every_tick_full(policy, tmp_path):
-    """HVD_ELASTIC_TICK_PACING=join (engine/ticker.py, join_wait_s): no probes, every tick carries the payload, and
+    """HVD_ELASTIC_TICK_PACING=join (engine/pacing.py): no probes, every tick carries the payload, and
     each rank's thread decides when to join. Every push applied once everywhere, identical replicas, zipline's
     barriers identical on every rank (a poll counted from "now" instead of from the tick hung zipline at its first
     barrier: this run would time out), and fewer ticks than probes would take: measured per push of the fastest
@@ -226,7 +226,7 @@ def test_join_pacing_keeps_the_invariants_with_every_tick_full(policy, tmp_path)
 
 @pytest.mark.parametrize("policy,speeds", [("asp", "equal"), ("asp", "straggler"), ("zipline", "straggler")])
 def test_auto_pacing_joins_ticks_once_pushes_are_predictable(policy, speeds, tmp_path):
-    """HVD_ELASTIC_TICK_PACING=auto (engine/ticker.py): probe pacing until a table shows every live rank's push period
+    """HVD_ELASTIC_TICK_PACING=auto (engine/pacing.py): probe pacing until a table shows every live rank's push period
     measured and nothing pending, join pacing from then on, with or without a straggler -- a decision every rank
     takes from the same tables, so both modes mix in one run without the ranks' collectives ever differing (a
     mismatch fails the run: "ranks are out of step"). While ticks are joined, a rank that waits for its own push

@@ -3,7 +3,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hvd_elastic.engine.ticker import FINISHED, META_COLUMNS, decode_meta, encode_meta
+from hvd_elastic.engine.table import FINISHED, META_COLUMNS, decode_meta, encode_meta
 
 
 @settings(max_examples=200, deadline=None)
@@ -24,7 +24,7 @@ def test_sum_of_per_rank_encodings_decodes_to_every_rank_row(size, dtype, data):
 
 def _table(rows):
     """A tick table from {column: values} (one value per rank); other columns -1."""
-    from hvd_elastic.engine import ticker as tk
+    from hvd_elastic.engine import table as tk
     size = len(next(iter(rows.values())))
     meta = np.full((size, META_COLUMNS), -1, np.int64)
     meta[:, tk.FINISHED] = 0
@@ -34,7 +34,7 @@ def _table(rows):
 
 
 def test_next_probe_is_the_earliest_predicted_event_in_each_rows_own_clock():
-    from hvd_elastic.engine.ticker import OVERDUE_POLL, QUIET_MARGIN, QUIET_MAX_S, next_probe_s
+    from hvd_elastic.engine.table import OVERDUE_POLL, QUIET_MARGIN, QUIET_MAX_S, next_probe_s
     ms = 1_000_000
     # rank 0: last push 10 ms before its snapshot, period 100 ms -> next push in 90 ms, probe 25 ms before it;
     # rank 1 (a clock 5 s off: only differences within its row count): next push in 40 ms -> the earliest
@@ -62,7 +62,7 @@ def test_next_probe_is_the_earliest_predicted_event_in_each_rows_own_clock():
 
 
 def test_release_holds_for_a_peer_due_within_the_window_and_never_for_a_slower_rank():
-    from hvd_elastic.engine.ticker import release
+    from hvd_elastic.engine.table import release
     ms = 1_000_000
     # rank 0 pending since t=100 ms (period 50 ms: hold 25 ms); rank 1 pushed at 60 ms, period 50 -> due at 110
     base = {"PENDING": [1, 0], "PENDING_SINCE_NS": [100 * ms, -1], "NOW_NS": [105 * ms, 105 * ms],
@@ -105,7 +105,7 @@ def test_release_holds_for_a_peer_due_within_the_window_and_never_for_a_slower_r
 
 def test_small_payload_join_waits_for_the_own_push_in_the_first_group_and_sits_otherwise():
     """join_wait_s (small payloads: every tick full): worked out by hand on a 3-rank table, common clock in ms."""
-    from hvd_elastic.engine.ticker import (GATED, INTERVAL_NS, LAST_PUSH_NS, OVERDUE_POLL, QUIET_MARGIN, QUIET_MAX_S,
+    from hvd_elastic.engine.table import (GATED, INTERVAL_NS, LAST_PUSH_NS, OVERDUE_POLL, QUIET_MARGIN, QUIET_MAX_S,
                                            join_wait_s)
     ms = 1_000_000
     # ranks 0, 1 fast (period 40 ms, next pushes at 140 and 145), rank 2 slow (computes 100 ms, period 120 ms, next
@@ -166,7 +166,7 @@ def test_all_peers_when_every_live_rank_is_a_measured_peer():
     """all_peers (auto pacing's wide join window): step compute times (INTERVAL_NS, else the push period) within the
     factor of each other, every live push period and last sent push known (predictable: auto pacing joins from the
     first such table with nothing pending, peers or not); finished ranks do not count."""
-    from hvd_elastic.engine.ticker import (AUTO_EXIT_SPEED, INTERVAL_NS, LAST_PUSH_NS, PEER_SPEED, PERIOD_NS, all_peers,
+    from hvd_elastic.engine.table import (AUTO_EXIT_SPEED, INTERVAL_NS, LAST_PUSH_NS, PEER_SPEED, PERIOD_NS, all_peers,
                                            predictable)
     ms = 1_000_000
     equal = _table({"INTERVAL_NS": [30 * ms, 36 * ms, 32 * ms], "PERIOD_NS": [40 * ms, 41 * ms, 40 * ms],
@@ -189,7 +189,7 @@ def test_all_peers_when_every_live_rank_is_a_measured_peer():
 
 def test_still_peers_enters_at_peer_speed_and_leaves_past_the_exit_speed():
     """still_peers (auto pacing's joins, zipline's barriers at the bound): hysteresis over a sequence of tables."""
-    from hvd_elastic.engine.ticker import INTERVAL_NS, still_peers
+    from hvd_elastic.engine.table import INTERVAL_NS, still_peers
     ms = 1_000_000
     equal = _table({"INTERVAL_NS": [30 * ms, 36 * ms, 32 * ms], "PERIOD_NS": [40 * ms, 41 * ms, 40 * ms],
                     "LAST_PUSH_NS": [0, 2 * ms, 1 * ms]})
@@ -210,21 +210,20 @@ def _zipline_after(meta, barriers=0):
     from hvd_elastic.config import Config
     from hvd_elastic.engine.policies import Zipline
     from hvd_elastic.engine.view import GlobalView
-    pol = Zipline(Config(policy="zipline", lookahead=15))
-    pol.attach(SimpleNamespace(size=len(meta), rank=0))
+    pol = Zipline(Config(policy="zipline", lookahead=15), rank=0, size=len(meta))
     pol.barriers = barriers
     view = GlobalView(len(meta))
     view.update(meta)
-    pol.on_tick(SimpleNamespace(meta=meta, index=1), view)
+    pol.observe(SimpleNamespace(meta=meta, index=1), view)
     return pol
 
 
 def test_zipline_first_barrier_of_ranks_within_the_exit_speed_goes_to_the_bound():
-    """zipline's first barrier (engine/policies.py Zipline.on_tick): warm-up step times 1.33x apart (within
+    """zipline's first barrier (engine/policies/zipline.py Zipline.observe): warm-up step times 1.33x apart (within
     AUTO_EXIT_SPEED, not PEER_SPEED) still count as peers before the first barrier, so its targets are the bound at
     one clock for every rank -- ZipLine's windows gave equally fast ranks targets a clock apart there (a split round).
     After a first barrier the entry test applies again; a 3x straggler goes to ZipLine's windows either way."""
-    from hvd_elastic.engine.ticker import INTERVAL_NS
+    from hvd_elastic.engine.table import INTERVAL_NS
     ms = 1_000_000
     noisy = _table({"COUNT": [1, 1, 1, 1], "CLOCK": [2, 2, 2, 2], "LAST_PUSH_NS": [80 * ms, 81 * ms, 80 * ms, 80 * ms],
                     "INTERVAL_NS": [30 * ms, 40 * ms, 30 * ms, 30 * ms],

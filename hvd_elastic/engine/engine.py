@@ -1,109 +1,125 @@
 """The sync engine: turns a policy's decisions into pushes, pulls and waits around Horovod ticks.
 
+Data flows one way. The frontend describes itself once (:class:`Frontend`: its buffers, its Sum allreduce, its
+callbacks) and calls the engine once per training step; the engine alone owns the run's state (clocks, the global
+view, staleness bookkeeping, the backlog of delivered ticks) and asks the policy (policies/) what to do: the policy
+decides from a :class:`~.policies.Gate` and its own state, and the engine carries the decision out. Time is accounted
+in one place, the telemetry's spans.
+
 Framework-free: updates travel in flat buffers of the frontend's own tensor type, made and combined by its
-``Buffers`` (the contract: engine/buffers.py; tf.Variables: tensorflow/buffers.py; torch tensors: torch/buffers.py).
-The frontend supplies ``allreduce_sum(buffers, name, block)`` (an in-place Sum allreduce over all ranks, with Horovod's
-ops) and the callbacks of the policy's update kind (engine/updates.py): ``apply_gradient(update, scale, share)``
-for gradient policies (one optimizer step on the replica with gradient scale x update; share: the part of a round
-of n gradients the tick carries), ``read_params()`` (or ``read_params_into(buf)``, which spares a flat copy) /
-``write_params(w)`` for delta policies (wbsp), and where the frontend can, ``add_params_into(dst, alpha)`` /
-``add_to_params(src, alpha)`` (dst += alpha x weights, weights += alpha x src, in place in its parameters).
+``Buffers`` (the contract: engine/buffers.py). ``allreduce_sum(buffers, name, block)`` is an in-place Sum allreduce
+over all ranks with Horovod's ops. The update kind's callbacks (engine/updates.py): ``apply_gradient(update, scale,
+share)`` for gradient policies (one optimizer step on the replica with gradient scale x update; share: the part of a
+round of n gradients the tick carries), ``read_params()`` (or ``read_params_into(buf)``) / ``write_params(w)`` for
+delta policies (wbsp), and where the frontend can, ``add_params_into(dst, alpha)`` / ``add_to_params(src, alpha)``.
 
 Per training step the frontend calls :meth:`SyncEngine.step` (and may call :meth:`SyncEngine.push` earlier, when the
 update is complete, or stream it while backward produces it: :meth:`SyncEngine.stream_begin`). The engine pushes the
-update, applies completed ticks in tick order (pull) and blocks while the policy's gate is closed, applying ticks as
-they arrive. A rank held at its step boundary -- by the policy's rule, or by its own update in flight unless the
-policy reads fresh (asp, wbsp, zipline with R > 1) -- resumes on exactly the state of the tick that released it:
-ticks that completed after that one wait for its next step boundary. (Applying them too would let its next
-gradient see other ranks' *next* updates, which BSP never does: with s = 0 the weights would drift from BSP's.
-With the push at the end of backward a fast rank's next update is often already in such a tick.) A rank whose gate
-is open applies every completed tick (freshest weights).
+update, applies completed ticks in tick order (pull) and blocks while the gate is closed, applying ticks as they
+arrive. A rank held at its step boundary -- by the policy's rule, or by its own update in flight unless the policy
+reads fresh (asp, wbsp, zipline with R > 1) -- resumes on exactly the state of the tick that released it: ticks that
+completed after that one wait for its next step boundary. (Applying them too would let its next gradient see other
+ranks' *next* updates, which BSP never does: with s = 0 the weights would drift from BSP's.) A rank whose gate is
+open applies every completed tick (freshest weights).
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from typing import Any, Callable, Deque, Optional
-
 
 from .. import heap as _heap
 from .. import watchdog as _watchdog
 from ..errors import HvdElasticError
 from ..telemetry import Telemetry
-from .staleness import StalenessLog, compensation_weight
-from .ticker import CLOCK, Tick, Ticker
+from .policies import Download, Gate, Policy
+from .staleness import Staleness, compensation_weight
+from .table import CLOCK, Tick
+from .ticker import Ticker
 from .view import GlobalView
+
+
+@dataclasses.dataclass
+class Frontend:
+    """What a frontend gives the engine (see the module docstring for the callbacks' contracts)."""
+
+    numel: int
+    buffers: Any
+    allreduce_sum: Callable[[list, str, bool], None]
+    tick_name: str                  # Horovod name of the ticks: unique among live engines, the same on every rank
+    epoch_ns: int                   # the job's common clock origin (time.time_ns() of rank 0 at start-up)
+    apply_gradient: Optional[Callable[[Any, float, float], None]] = None
+    read_params: Optional[Callable[[], Any]] = None
+    write_params: Optional[Callable[[Any], None]] = None
+    read_params_into: Optional[Callable[[Any], None]] = None
+    add_params_into: Optional[Callable[[Any, float], None]] = None
+    add_to_params: Optional[Callable[[Any, float], None]] = None
+    # replica checks (a barrier's digest): every k-th weight of the flat layout, a buffer of the frontend's kind
+    sample_params: Optional[Callable[[int], Any]] = None
+    stream: bool = False            # the frontend can hand a gradient over while backward produces it
+
+    def callbacks(self) -> dict:
+        return {k: getattr(self, k) for k in ("apply_gradient", "read_params", "write_params", "read_params_into",
+                                              "add_params_into", "add_to_params")}
+
+
+class _StepGate:
+    """When this step's gate checks started (reset at each push): the policy's rule is first consulted once this
+    rank's own updates are in, peer alignment once the rule lets it go."""
+
+    __slots__ = ("rule_since", "peer_since")
+
+    def __init__(self):
+        self.rule_since: Optional[float] = None
+        self.peer_since: Optional[float] = None
 
 
 class SyncEngine:
     """One rank's side of a relaxed-synchronization run."""
 
-    def __init__(self, policy, rank: int, size: int, numel: int, buffers,
-                 allreduce_sum: Callable[[list, str, bool], None], telemetry: Telemetry,
-                 tick_s: float, epoch_ns: int,
-                 apply_gradient: Optional[Callable[[Any, float, float], None]] = None,
-                 read_params: Optional[Callable[[], Any]] = None,
-                 write_params: Optional[Callable[[Any], None]] = None,
-                 read_params_into: Optional[Callable[[Any], None]] = None,
-                 add_params_into: Optional[Callable[[Any, float], None]] = None,
-                 add_to_params: Optional[Callable[[Any, float], None]] = None,
-                 sample_params: Optional[Callable[[int], Any]] = None,
-                 stall_timeout_s: float = 120.0, tick_name: str = "hvd_elastic.tick", stream: bool = False):
-        self.policy, self.rank, self.size = policy, rank, size
-        if policy.cfg.keep_heap:
+    DIGEST_WORDS = 1 << 20   # weights hashed per barrier for the replica check (barrier_digest)
+
+    def __init__(self, policy: Policy, rank: int, size: int, frontend: Frontend, telemetry: Telemetry, cfg,
+                 stall_timeout_s: float = 120.0):
+        self.policy, self.rank, self.size, self.telemetry = policy, rank, size, telemetry
+        if cfg.keep_heap:
             _heap.keep_freed_memory()
-        self.buffers = buffers
-        self.telemetry = telemetry
-        self.numel = numel
-        # Replica checks (zipline's barrier digest): every k-th weight of the flat layout as a buffer of the frontend's
-        # kind (Buffers.fold_digest); a frontend that can read them without a flat copy of the model passes its own.
-        self.sample_params = sample_params or (lambda k: self.buffers.numpy(read_params())[::k])
+        self.buffers, self.numel = frontend.buffers, frontend.numel
+        self.sample_params = frontend.sample_params or (lambda k: self.buffers.numpy(frontend.read_params())[::k])
         self.view = GlobalView(size)
         self.stall_timeout_s = stall_timeout_s
         self.pushed = 0                  # updates this rank pushed
         self.applied_contributions = 0   # sum of push counts over the ticks this rank applied (all ranks' pushes)
         self.finished = False
-        self.busy_s = 0.0                # time spent applying updates (counted as compute, not wait)
         self._backlog: Deque[Tick] = collections.deque()   # completed ticks taken but not applied yet
-        # Staleness (engine/staleness.py): updates held by the weights this rank computes its next update on, and
-        # (clock, that count) for each own push not applied yet.
-        self.staleness = StalenessLog()
-        self.applied_at_read = 0
-        self._unapplied: Deque = collections.deque()
-        self.updates = policy.updates(self, apply_gradient=apply_gradient, read_params=read_params,
-                                      write_params=write_params, read_params_into=read_params_into,
-                                      add_params_into=add_params_into, add_to_params=add_to_params)
+        self.staleness = Staleness()     # engine/staleness.py
+        self._step_gate = _StepGate()
+        self._digest = None              # running checksum of the weights at each barrier (Buffers.fold_digest)
+        self.updates = policy.updates(self.buffers, self.numel, size, **frontend.callbacks())
+        # A delta policy (wbsp) uploads while its next step computes: auto pacing keeps probes for it.
+        pacing = "probe" if cfg.tick_pacing == "auto" and self.updates.local_step else cfg.tick_pacing
         # Peer alignment (HVD_ELASTIC_PEER_WAIT) also bounds how long a tick holds pushes for ranks due to push.
-        self.ticker = Ticker(numel, buffers, rank, size, allreduce_sum, tick_s=tick_s, epoch_ns=epoch_ns,
-                             name=tick_name, hold_fraction=policy.cfg.peer_wait,
-                             stream=stream and not self.updates.local_step,
-                             pacing=self._pacing(policy.cfg.tick_pacing), join_stragglers=policy.joins_stragglers)
-        policy.attach(self)
-
-    def _pacing(self, knob: str) -> str:
-        """HVD_ELASTIC_TICK_PACING as the ticker runs it: auto joins ticks for the gradient policies only (their ranks
-        wait for their own push's tick, so its round trip is on their critical path); a delta policy (wbsp) uploads
-        while its next step computes, and keeps probe pacing."""
-        return "probe" if knob == "auto" and self.updates.local_step else knob
+        self.ticker = Ticker(self.numel, self.buffers, rank, size, frontend.allreduce_sum, tick_s=cfg.tick_ms / 1000.0,
+                             epoch_ns=frontend.epoch_ns, name=frontend.tick_name, hold_fraction=cfg.peer_wait,
+                             stream=frontend.stream and not self.updates.local_step, pacing=pacing,
+                             join_stragglers=policy.joins_stragglers)
 
     # ---- per step ----------------------------------------------------------------------------------------------
     def step(self, accumulate: Optional[Callable[[Any, float], None]], compute_s: float, pushed: bool = False):
         """Push this step's update (unless ``pushed``: :meth:`push` already did, at the end of backward), pull
-        completed ticks, and wait while the policy's gate is closed.
+        completed ticks, and wait while the gate is closed.
 
         Gradient policies: ``accumulate(dst, alpha)`` adds alpha x the gradient into dst. Delta policies: pass
-        None (the update is the delta of read_params() since the last upload)."""
-        t0 = time.perf_counter()
-        busy0 = self.busy_s
-        self.ticker.stream_wait()   # a tick may still read this step's gradients, which applying ticks overwrites
-        if not pushed:
-            self.push(accumulate, compute_s)
-        self._pull(block=False, until_open=self._holds(self.policy.blocked_by(self.ticker.clock)))
-        self.telemetry.comm_s += (time.perf_counter() - t0) - (self.busy_s - busy0)
-        self._gate()
-        self.policy.on_proceed(self.ticker.clock)
-        self.updates.proceeding()
-        self.telemetry.compute_s += self.busy_s - busy0
+        None (the update is the delta of the weights since the last upload)."""
+        with self.telemetry.span("comm"):
+            self.ticker.stream_wait()   # a tick may still read this step's gradients, which applying overwrites
+            if not pushed:
+                self.push(accumulate, compute_s)
+            self._pull(block=False, until_open=self._holds(self._blocked_by()))
+        self._wait_at_gate()
+        with self.telemetry.span("compute"):
+            self._proceed()
 
     def push(self, accumulate: Optional[Callable[[Any, float], None]], interval_s: float):
         """Hand this step's update to the next tick (the first half of :meth:`step`; a frontend may call it as soon
@@ -113,22 +129,22 @@ class SyncEngine:
         add = self.updates.push_function(accumulate)
         # inline: this rank waits for its own push's tick (no push may stay in flight), so while ticks are joined
         # its training thread may send it itself (Ticker.run_inline)
-        self.ticker.push(lambda dst: add(dst, weight), int(interval_s * 1e9), inline=self.policy.max_inflight == 0)
+        self.ticker.push(lambda dst: add(dst, weight), int(interval_s * 1e9), inline=self._max_inflight() == 0)
         self._pushed(weight)
 
     def _push_weight(self) -> float:
         if self.policy.compensation == "none":
             return 1.0
         return compensation_weight(self.policy.compensation,
-                                   self.ticker.updates_before_next_push(self.applied_at_read), self.size)
+                                   self.ticker.updates_before_next_push(self.staleness.read), self.size)
 
     def _pushed(self, weight: float):
-        self.staleness.add_weight(weight)
-        self._unapplied.append((self.ticker.clock, self.applied_at_read))
+        self.staleness.pushed(self.ticker.clock, weight, self.updates.holds_own_pushes)
         self.updates.pushed()
         self.pushed += 1
         self.telemetry.count("pushes")
-        self.policy.on_push(self.ticker.clock)
+        self._step_gate = _StepGate()
+        self.policy.pushed(self.ticker.clock, self.ticker.interval_ns)
 
     # A streamed push (gradient policies, a frontend whose backward reports gradients as they are produced): the
     # tick reads the gradient chunk by chunk while backward runs (ticker.py, stream_begin). Same update, same
@@ -154,22 +170,43 @@ class SyncEngine:
     def streaming(self) -> bool:
         return self.ticker.streaming
 
-    def _gate(self):
-        """Block while the policy says so; time blocked on own uploads is communication, the rest waiting."""
+    # ---- the gate ----------------------------------------------------------------------------------------------
+    def _max_inflight(self) -> int:
+        return self.policy.max_inflight(self.ticker.interval_ns, self.ticker.push_latency_s)
+
+    def _gate_input(self, inflight: int, peer_waited_s: float = 0.0) -> Gate:
+        t = self.ticker
+        return Gate(self.view, self.rank, t.clock, t.interval_ns, t.last_push_ns, inflight, peer_waited_s, t.now_ns())
+
+    def _blocked_by(self) -> Optional[str]:
+        """Why this rank may not start its next step: "comm" while more than max_inflight of its own pushes have
+        not come back in a tick (a parameter-server worker reads weights that include its own updates; without this
+        bound a fast rank would pile up gradients computed on the same stale weights), "wait" while the policy's
+        rule or peer alignment holds it for other ranks, None when it may go."""
+        inflight = self._max_inflight()
+        if self.ticker.clock - int(self.view.clocks[self.rank]) > inflight:
+            return "comm"
+        now, sg = time.monotonic(), self._step_gate
+        if sg.rule_since is None:
+            sg.rule_since = now
+            self.policy.rule_starts(self._gate_input(inflight))
+        if self.policy.holds(self._gate_input(inflight)):
+            return "wait"
+        if sg.peer_since is None:
+            sg.peer_since = now
+        return "wait" if self.policy.waits_for_peers(self._gate_input(inflight, now - sg.peer_since)) else None
+
+    def _wait_at_gate(self):
+        """Block while the gate is closed; time blocked on own uploads is communication, the rest waiting."""
         last_progress = time.monotonic()
         while True:
-            t0, busy0 = time.perf_counter(), self.busy_s
-            reason = self.policy.blocked_by(self.ticker.clock)
+            reason = self._blocked_by()
             self.ticker.gated = reason == "wait"    # no push of this rank before a tick opens the gate
             if reason is None:
                 return
             _watchdog.enter(f"the {self.policy.name} gate")
-            progressed = self._pull(block=True, timeout=1.0, until_open=self._holds(reason))
-            blocked = (time.perf_counter() - t0) - (self.busy_s - busy0)
-            if reason == "comm":
-                self.telemetry.comm_s += blocked
-            else:
-                self.telemetry.wait_s += blocked
+            with self.telemetry.span(reason if reason == "comm" else "wait"):
+                progressed = self._pull(block=True, timeout=1.0, until_open=self._holds(reason))
             if progressed:
                 last_progress = time.monotonic()
             else:
@@ -178,6 +215,22 @@ class SyncEngine:
     def _holds(self, reason: Optional[str]) -> bool:
         """Whether a rank blocked for `reason` resumes on exactly the state of the tick that opens its gate."""
         return reason == "wait" or (reason == "comm" and not self.policy.fresh_reads)
+
+    def _proceed(self):
+        """The rank starts its next step: what the policy asks first (a download), and the staleness bookkeeping."""
+        decision = self.policy.proceeded(self._gate_input(self._max_inflight()))
+        if isinstance(decision, Download):
+            self._download(decision.keep_latest)
+        self.updates.proceeding()
+        if not self.updates.holds_own_pushes:
+            self.staleness.read = self.applied_contributions   # the replica the next step computes on
+
+    def _download(self, keep_latest: bool):
+        self.updates.download(keep_latest)
+        self.staleness.read = self.applied_contributions + int(keep_latest)
+        self.telemetry.count("downloads")
+        if keep_latest:
+            self.telemetry.count("downloads_keeping_own")
 
     def _check_stall(self, last_progress: float, what: str):
         """Called while this rank waits with nothing delivered for a while. Ticks that stopped are an error here;
@@ -188,13 +241,21 @@ class SyncEngine:
             raise HvdElasticError(f"ticks stopped while waiting at the {what}")
         _watchdog.enter(f"the {self.policy.name} {what}")
 
+    # ---- pull --------------------------------------------------------------------------------------------------
+    def _take(self, block: bool, timeout: Optional[float] = None):
+        """Move completed ticks to the backlog; with block, first run this rank's pending push's tick itself where the
+        ticker allows (Ticker.run_inline), then wait up to `timeout` for one."""
+        if block:
+            self.ticker.run_inline()
+        self._backlog.extend(self.ticker.take(block=block, timeout=timeout))
+
     def _pull(self, block: bool, timeout: Optional[float] = None, until_open: bool = False) -> int:
         """Apply completed ticks in tick order; returns how many. block: wait (up to timeout) for one when none is
-        pending. until_open: stop right after the tick at which the policy's gate opens."""
-        self._backlog.extend(self.ticker.take(block=block and not self._backlog, timeout=timeout))
+        pending. until_open: stop right after the tick at which the gate opens."""
+        self._take(block=block and not self._backlog, timeout=timeout)
         applied = 0
         while self._backlog:
-            if applied and until_open and self.policy.blocked_by(self.ticker.clock) is None:
+            if applied and until_open and self._blocked_by() is None:
                 break
             self._apply(self._backlog.popleft())
             applied += 1
@@ -202,18 +263,21 @@ class SyncEngine:
 
     def _apply(self, tick: Tick):
         self.view.update(tick.meta)
-        delivered = int(tick.meta[self.rank, CLOCK])
-        while self._unapplied and self._unapplied[0][0] <= delivered:
-            clock, applied_at_read = self._unapplied.popleft()
-            self.staleness.add(self.applied_contributions - applied_at_read, clock)
+        self.staleness.delivered(int(tick.meta[self.rank, CLOCK]), self.applied_contributions)
         if tick.update is not None:
-            t0 = time.perf_counter()
-            self.updates.apply(tick.update, tick.total_count)
+            with self.telemetry.span("compute"):
+                self.updates.apply(tick.update, tick.total_count)
             self.ticker.recycle(tick)
-            self.busy_s += time.perf_counter() - t0
             self.applied_contributions += tick.total_count
             self.telemetry.count("ticks_applied")
-        self.policy.on_tick(tick, self.view)
+        if self.policy.observe(tick, self.view):
+            self._check_replica()
+
+    def _check_replica(self):
+        """At a barrier every rank's weights are identical by construction: fold a checksum of every k-th weight,
+        k = ceil(size / DIGEST_WORDS) (all of a small model's), computed where the weights live."""
+        k = max(1, -(-self.numel // self.DIGEST_WORDS))
+        self._digest = self.buffers.fold_digest(self._digest, self.sample_params(k))
 
     def _wait_until(self, condition: Callable[[], bool], what: str):
         last_progress = time.monotonic()
@@ -223,30 +287,75 @@ class SyncEngine:
             elif not condition():
                 self._check_stall(last_progress, what)
 
+    def wait_for_first_update(self):
+        """Block until this rank has applied a tick with an update (optimizer state exists from then on)."""
+        with self.telemetry.span("wait"):
+            self._wait_until(lambda: self.applied_contributions > 0, "first update")
+
+    # ---- collective helpers ------------------------------------------------------------------------------------
+    def sync_replicas(self, max_over_ranks: Callable[[int], int]):
+        """Collective, finish-free: every rank applies exactly the ticks completed on any rank when it is called, so
+        under the gradient policies weights and optimizer state are identical on every rank when it returns.
+        Pushed updates not in those ticks stay pending and are applied later, on every rank alike.
+        ``max_over_ranks(n)``: the largest n of all ranks (the frontend's allgather). A no-op where replicas are not
+        shared (wbsp: optimizer state is per rank by design) and once finished."""
+        if self.finished or not self.updates.replicated:
+            return
+        with self.telemetry.span("wait"):
+            completed = self.ticker.ticks          # ticks 0 .. completed-1 have completed on this rank
+            self._take(block=False)
+            target = max_over_ranks(completed)     # a rank completed tick target-1: every rank's thread joined it
+
+            def taken():
+                return max(completed, self._backlog[-1].index + 1 if self._backlog else 0)
+
+            last_progress = time.monotonic()
+            while taken() < target:
+                before = len(self._backlog)
+                self._take(block=True, timeout=1.0)
+                if len(self._backlog) > before:
+                    last_progress = time.monotonic()
+                else:
+                    self._check_stall(last_progress, "replica sync")
+            while self._backlog and self._backlog[0].index < target:
+                self._apply(self._backlog.popleft())
+            self.staleness.read = self.applied_contributions    # the replica the next step computes on
+
+    def waiting_outside(self, flag: bool):
+        """The training thread waits in (True) or has left (False) a collective of the script's own: its tick row
+        says so (OUTSIDE), so that a policy's barrier can yield to it."""
+        if not self.finished:
+            self.ticker.outside = flag
+
+    def global_steps(self) -> int:
+        """Steps taken by all ranks together as far as this rank knows: the others' delivered clocks plus its own."""
+        return int(self.view.clocks.sum() - self.view.clocks[self.rank] + self.ticker.clock)
+
     # ---- end of training ---------------------------------------------------------------------------------------
     def finish(self):
         """Collective: deliver and apply every pushed update on every rank, stop the tick thread, and leave every
         rank with the same weights (for delta policies: the final global model)."""
         if self.finished:
             return
-        t0 = time.perf_counter()
-        if self.ticker.streaming:   # a backward whose step() never came: its announced gradient is pushed, as
-            self.stream_end(0.0)    # a push at the end of backward would have been
-        self.ticker.stream_wait()
-        self.ticker.finish()
-        self._wait_until(lambda: self.ticker.stopped, "final barrier")
-        self._pull(block=False)
-        self.ticker.join(timeout=self.stall_timeout_s)
-        self.updates.finish()
+        with self.telemetry.span("wait"):
+            if self.ticker.streaming:   # a backward whose step() never came: its announced gradient is pushed, as
+                self.stream_end(0.0)    # a push at the end of backward would have been
+            self.ticker.stream_wait()
+            self.ticker.finish()
+            self._wait_until(lambda: self.ticker.stopped, "final barrier")
+            self._pull(block=False)
+            self.ticker.join(timeout=self.stall_timeout_s)
+            if self.updates.local_step:   # delta policies end on the final global model
+                with self.telemetry.span("compute"):
+                    self._download(False)
         self.finished = True
-        self.telemetry.wait_s += time.perf_counter() - t0
-        self.telemetry.counters.update({
-            "ticks": self.ticker.ticks, "nonempty_ticks": self.ticker.nonempty_ticks,
-            "payload_collectives": self.ticker.payload_collectives,
-            "join_ticks": self.ticker.join_ticks, "inline_ticks": self.ticker.inline_ticks,
-            "bytes_reduced": self.ticker.bytes_reduced,
-            "streamed_pushes": self.ticker.streamed, "buffers_allocated": self.ticker.buffers_allocated,
-            "held_ticks_max": self.ticker.held_max,
-            "tick_comm_s": round(self.ticker.comm_s, 3), "pushed": self.pushed,
-            "applied_contributions": self.applied_contributions, **self.staleness.counters()})
-        self.policy.finish()
+        self.telemetry.counters.update(self._counters())
+
+    def _counters(self) -> dict:
+        out = {**self.ticker.counters(), "pushed": self.pushed, "applied_contributions": self.applied_contributions,
+               **self.staleness.counters(), **self.policy.counters()}
+        if not self.updates.local_step:
+            out["max_inflight"] = self._max_inflight()
+        if self.policy.has_barriers:
+            out["barrier_digest"] = self.buffers.digest_value(self._digest)
+        return out

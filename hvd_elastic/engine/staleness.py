@@ -18,7 +18,8 @@ already received and whether a tick is in flight, so it is close to the stalenes
 """
 from __future__ import annotations
 
-from typing import Dict
+import collections
+from typing import Deque, Dict, Tuple
 
 from ..telemetry import summarize
 
@@ -77,3 +78,31 @@ class StalenessLog:
             out["mean_compensation_weight"] = round(self.weight_sum / n, 3)
         return out
 
+
+
+class Staleness:
+    """This rank's staleness bookkeeping: ``read``, the updates held by the weights it computes its next update on,
+    and for each own push not applied yet the clock and that count; a push's staleness is measured when the tick that
+    delivers it is applied (the engine calls :meth:`delivered` with its running count of applied updates)."""
+
+    def __init__(self):
+        self.log = StalenessLog()
+        self.read = 0
+        self._unapplied: Deque[Tuple[int, int]] = collections.deque()
+
+    def pushed(self, clock: int, weight: float, holds_own: bool):
+        """An own push at `clock`, scaled by `weight`. holds_own: the rank's own copy holds it at once (delta
+        policies), so the weights its next update is computed on count it."""
+        self.log.add_weight(weight)
+        self._unapplied.append((clock, self.read))
+        if holds_own:
+            self.read += 1
+
+    def delivered(self, own_clock: int, applied: int):
+        """A tick delivered this rank's pushes up to `own_clock`; `applied` updates had been applied before it."""
+        while self._unapplied and self._unapplied[0][0] <= own_clock:
+            clock, read = self._unapplied.popleft()
+            self.log.add(applied - read, clock)
+
+    def counters(self) -> Dict:
+        return self.log.counters()

@@ -13,7 +13,6 @@ Both work on the frontend's buffers (engine/buffers.py) and the callbacks the fr
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Optional
 
 
@@ -23,11 +22,13 @@ class GradientUpdates:
     local_step = False    # the frontend runs no optimizer step of its own before the push
     replicated = True     # weights and optimizer state are the same on every rank (collective helpers may rely on it)
     align_peers = True    # peer alignment (HVD_ELASTIC_PEER_WAIT): equally fast ranks compute on the same replica
+    holds_own_pushes = False   # a rank's weights hold its own pushes only once a tick delivers them
 
-    def __init__(self, engine, apply_gradient: Optional[Callable[[Any, float, float], None]] = None, **_):
+    def __init__(self, buffers, numel: int, size: int,
+                 apply_gradient: Optional[Callable[[Any, float, float], None]] = None, **_):
         if apply_gradient is None:
             raise TypeError("gradient policies need apply_gradient")
-        self.engine, self.apply_gradient = engine, apply_gradient
+        self.size, self.apply_gradient = size, apply_gradient
 
     def push_function(self, accumulate: Callable[[Any, float], None]) -> Callable[[Any, float], None]:
         """What the push adds into the send buffer: ``accumulate(dst, alpha)`` (alpha x this step's gradient)."""
@@ -40,16 +41,13 @@ class GradientUpdates:
         """One optimizer step with the tick's summed gradients (`count` of them) / n; ``share`` = count / n is the
         part of a round the tick carries, from which the frontend's momentum rule (HVD_ELASTIC_MOMENTUM_PER) knows
         where rounds start."""
-        n = self.engine.size
-        self.apply_gradient(update, 1.0 / n, count / n)
+        self.apply_gradient(update, 1.0 / self.size, count / self.size)
 
     def proceeding(self):
-        """The rank starts its next step: it computes on the replica as of now (staleness bookkeeping)."""
-        e = self.engine
-        e.applied_at_read = e.applied_contributions
+        pass
 
     def finish(self):
-        self.engine.telemetry.counters["max_inflight"] = self.engine.policy.max_inflight
+        pass
 
 
 class DeltaUpdates:
@@ -67,39 +65,39 @@ class DeltaUpdates:
     local_step = True
     replicated = False    # optimizer state is per rank by design
     align_peers = False
+    holds_own_pushes = True    # the rank's own copy holds each delta it uploads (see staleness.py)
 
-    def __init__(self, engine, read_params: Optional[Callable[[], Any]] = None,
+    def __init__(self, buffers, numel: int, size: int, read_params: Optional[Callable[[], Any]] = None,
                  write_params: Optional[Callable[[Any], None]] = None,
                  read_params_into: Optional[Callable[[Any], None]] = None,
                  add_params_into: Optional[Callable[[Any, float], None]] = None,
                  add_to_params: Optional[Callable[[Any, float], None]] = None, **_):
         if (read_params is None and read_params_into is None) or write_params is None:
             raise TypeError("delta policies need read_params (or read_params_into) and write_params")
-        b = engine.buffers
-        self.engine, self.write_params = engine, write_params
+        b = self.buffers = buffers
+        self.numel, self.size, self.write_params = numel, size, write_params
         # The frontend's in-place access to its parameters where it has it (torch: no flat copy of the model), else
         # through read_params() / write_params() (a flat copy per call).
         self.read_params_into = read_params_into or (lambda buf: b.copy_(buf, read_params()))
         self.add_params_into = add_params_into or (lambda dst, alpha: b.add_(dst, read_params(), alpha))
         self.add_to_params = add_to_params or self._add_to_params_by_copy
         self._scratch = None   # _add_to_params_by_copy's
-        self.global_model = b.zeros(engine.numel)     # W, identical on every rank at start
+        self.global_model = b.zeros(numel)     # W, identical on every rank at start
         self.read_params_into(self.global_model)
         self.base = b.clone(self.global_model)        # what the next delta is measured from
         self._base_behind = False                      # an upload was made since base last moved
 
     def _add_to_params_by_copy(self, src, alpha: float):
         """add_to_params for a frontend without in-place access: through a flat scratch copy (made once)."""
-        b = self.engine.buffers
         if self._scratch is None:
-            self._scratch = b.zeros(self.engine.numel)
+            self._scratch = self.buffers.zeros(self.numel)
         self.read_params_into(self._scratch)
-        b.add_(self._scratch, src, alpha)
+        self.buffers.add_(self._scratch, src, alpha)
         self.write_params(self._scratch)
 
     def push_function(self, accumulate=None) -> Callable[[Any, float], None]:
         """The delta since the last upload (or download): weights - base, read from the parameters."""
-        b, base = self.engine.buffers, self.base
+        b, base = self.buffers, self.base
 
         def add_delta(dst, alpha):
             self.add_params_into(dst, alpha)
@@ -108,10 +106,9 @@ class DeltaUpdates:
 
     def pushed(self):
         self._base_behind = True
-        self.engine.applied_at_read += 1   # the rank's own copy holds this delta already (see staleness.py)
 
     def apply(self, update, count: int):
-        self.engine.buffers.add_(self.global_model, update, 1.0 / self.engine.size)
+        self.buffers.add_(self.global_model, update, 1.0 / self.size)
 
     def proceeding(self):
         """The step ends: the next delta is measured from the weights just uploaded (unless a download moved base)."""
@@ -120,12 +117,11 @@ class DeltaUpdates:
             self._base_behind = False
 
     def download(self, keep_latest: bool = False):
-        """Replace this rank's weights by the global model W (time counted as computation).
+        """Replace this rank's weights by the global model W.
         keep_latest: this rank's latest upload (made in this step: the weights are still the uploaded ones) is not in
         W yet (it is still on its way): keep it in the weights, which then are W + that delta (weights - base),
         instead of undoing the rank's own last step until a later download brings it back."""
-        e, b = self.engine, self.engine.buffers
-        t0 = time.perf_counter()
+        b = self.buffers
         if keep_latest:
             if not self._base_behind:
                 raise RuntimeError("download(keep_latest=True) without an upload since base last moved")
@@ -136,11 +132,6 @@ class DeltaUpdates:
             self.write_params(self.global_model)
             b.copy_(self.base, self.global_model)
         self._base_behind = False
-        e.applied_at_read = e.applied_contributions + int(keep_latest)
-        e.telemetry.count("downloads")
-        if keep_latest:
-            e.telemetry.count("downloads_keeping_own")
-        e.busy_s += time.perf_counter() - t0
 
     def finish(self):
         self.download()

@@ -24,8 +24,8 @@ import numpy as np
 import tensorflow as tf
 
 from .. import config as _config
-from ..engine.engine import SyncEngine
-from ..engine.policies import RELAXED_POLICIES, make_policy
+from ..engine.engine import Frontend
+from ..engine.policies import RELAXED_POLICIES
 from ..errors import ConfigError, HvdElasticError
 from ..session import Session
 from ..wrapping import subclass_in_place
@@ -138,7 +138,7 @@ class ElasticState:
         self.session = _session(cfg)
         self.mode = "bsp" if cfg.policy == "bsp" else "eager"
         # Delta policies (wbsp) step the rank's own copy before the push (engine/updates.py).
-        self.local_step = make_policy(cfg).updates.local_step if cfg.policy in RELAXED_POLICIES else False
+        self.local_step = cfg.policy in RELAXED_POLICIES and RELAXED_POLICIES[cfg.policy].updates.local_step
         self.blocked = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="hvd_elastic_blocked")
         self.flat: Optional[_FlatVars] = None
         self.buffers: Optional[List[tf.Variable]] = None
@@ -195,11 +195,10 @@ class ElasticState:
         s, flat, apply_flat = self.session, self.flat, self._apply_flat
         epoch_ns = hvd.broadcast_object(time.time_ns(), root_rank=0, name="hvd_elastic.epoch")
         buffers = TfBuffers(flat.dtype)
-        s.engine = SyncEngine(make_policy(s.cfg), s.rank, s.size, flat.numel, buffers, _allreduce_sum, s.telemetry,
-                              tick_s=s.cfg.tick_ms / 1000.0, epoch_ns=epoch_ns,
-                              # momentum per tick: a Keras optimizer's momentum is a constant of its compiled step
-                              apply_gradient=lambda update, scale, share: apply_flat(buffers.tensor(update) * scale),
-                              read_params=flat.weights, write_params=flat.set_weights)
+        s.start_engine(Frontend(flat.numel, buffers, _allreduce_sum, tick_name="hvd_elastic.tick", epoch_ns=epoch_ns,
+                                # momentum per tick: a Keras optimizer's momentum is a constant of its compiled step
+                                apply_gradient=lambda update, scale, share: apply_flat(buffers.tensor(update) * scale),
+                                read_params=flat.weights, write_params=flat.set_weights))
 
     def finish(self) -> Dict[str, Any]:
         """Collective: flush every update, final sync, end-of-run report (idempotent)."""

@@ -19,7 +19,7 @@ import itertools
 import sys
 import time
 import types
-from typing import Any, Callable, Dict, List
+from typing import Any, Dict, List
 
 import horovod.torch as hvd
 import horovod.torch.functions as _hvd_functions
@@ -30,13 +30,14 @@ from horovod.torch.optimizer import DistributedOptimizer as _HOROVOD_DISTRIBUTED
 
 from .. import config as _config
 from .. import watchdog as _watchdog
-from ..engine.engine import SyncEngine
-from ..engine.policies import RELAXED_POLICIES, make_policy
+from ..engine.engine import Frontend, SyncEngine
+from ..engine.policies import RELAXED_POLICIES
 from ..errors import ConfigError, HvdElasticError
 from ..session import Session
 from . import collectives
 from .backward_push import BackwardPush
 from .buffers import FlatParams
+from .momentum import RoundSgd, step_with_momentum_share
 from .wrapping import (SynchronizeProtocol, horovod_argument_checks, parameter_names, refuse_sparse_gradients,
                        refuse_unsupported_arguments, wrap_class)
 
@@ -119,10 +120,7 @@ def _relaxed_step(self, closure=None):
         # The optimizer state (momentum, Adam moments) is created by the first applied tick. Waiting for it once
         # here (already so under HVD_ELASTIC_MAX_INFLIGHT=0) gives every rank the same state *structure* from its
         # first step on, so collective helpers that walk the state (broadcasts) match across ranks.
-        t0 = time.perf_counter()
-        engine._wait_until(lambda: engine.applied_contributions > 0, "first update")
-        session.last_step_end = time.perf_counter()
-        session.telemetry.wait_s += session.last_step_end - t0
+        session.wait_for_first_update()
     return loss
 
 
@@ -166,114 +164,13 @@ def sync_replicas(optimizer):
     is called), so under the gradient policies weights and optimizer state are identical on every rank when it
     returns. Pushed updates not in those ticks stay pending and are applied later, on every rank alike. No-op for
     wbsp (optimizer state is per rank by design), lbbsp and bsp (lock-step) and finished optimizers."""
-    session = getattr(optimizer, "_hvd_elastic", None)
-    engine = getattr(session, "engine", None)
-    if engine is None or engine.finished or not engine.updates.replicated:
-        return
-    t0 = time.perf_counter()
-    ticker = engine.ticker
-    completed = ticker.ticks                    # ticks 0 .. completed-1 have completed on this rank
-    engine._backlog.extend(ticker.take())
-    everyone = hvd.allgather(torch.tensor([completed], dtype=torch.int64), name=f"{ticker.name}.sync")
-    target = int(everyone.max())                # a rank completed tick target-1: every rank's thread joined it
-
-    def taken():
-        return max(completed, engine._backlog[-1].index + 1 if engine._backlog else 0)
-
-    last_progress = time.monotonic()
-    while taken() < target:
-        got = ticker.take(block=True, timeout=1.0)
-        if got:
-            engine._backlog.extend(got)
-            last_progress = time.monotonic()
-        else:
-            engine._check_stall(last_progress, "replica sync")
-    while engine._backlog and engine._backlog[0].index < target:
-        engine._apply(engine._backlog.popleft())
-    engine.applied_at_read = engine.applied_contributions    # the replica the next step computes on
-    session.telemetry.wait_s += time.perf_counter() - t0
+    engine = getattr(getattr(optimizer, "_hvd_elastic", None), "engine", None)
+    if engine is not None:
+        name = f"{engine.ticker.name}.sync"
+        engine.sync_replicas(lambda n: int(hvd.allgather(torch.tensor([n], dtype=torch.int64), name=name).max()))
 
 
 _ENGINE_IDS = itertools.count()      # relaxed engines built in this process: the same sequence on every rank
-
-
-class RoundSgd:
-    """HVD_ELASTIC_MOMENTUM_PER=round for torch.optim.SGD with momentum (not Nesterov): Horovod's arithmetic for a
-    round of n gradients however it splits over ticks. Ticks carry counts; in cumulative counts round r starts at
-    r x n. The tick in which a round starts runs SGD's own step (momentum buffer v <- m v + g, weights -= lr v); a tick
-    that continues a started round adds its gradient to v without decaying it and moves the weights by lr x that
-    gradient only. A round split as (g_a, g_b) then moves the weights by lr (m v + g_a + g_b) and leaves v = m v + g_a
-    + g_b, exactly one SGD step on the round; momentum^(k/n) per tick (the share rule) moves them by lr ((m^(1 - k/n)
-    + m) v + (1 + m^(k/n)) g_a + g_b) instead (at m = 0.5 and k/n = 3/4: 0.59 v + 0.84 g_a too much).
-    Measured: docs/design.md, Momentum."""
-
-    def __init__(self, optimizer, step: Callable[[], Any], size: int):
-        self.optimizer, self.step, self.size = optimizer, step, size
-        self.delivered = 0          # gradients applied so far (cumulative tick counts)
-
-    @staticmethod
-    def applies(optimizer) -> bool:
-        return isinstance(optimizer, torch.optim.SGD) and not any(g.get("nesterov") for g in optimizer.param_groups)
-
-    def __call__(self, count: int):
-        n, before = self.size, self.delivered
-        self.delivered += count
-        starts = -(-self.delivered // n) - -(-before // n)    # round starts r x n with before <= r x n < after
-        # Weight decay is part of the round's gradient: each tick adds its share k / n of it.
-        saved = [(g, g["weight_decay"]) for g in self.optimizer.param_groups if g["weight_decay"]]
-        for g, wd in saved:
-            g["weight_decay"] = wd * count / n
-        try:
-            if starts >= 1 or not self._buffers_exist():
-                step_with_momentum_share(self.optimizer, self.step, float(max(starts, 1)))   # m^starts: m per round
-            else:
-                self._continue_round()
-        finally:
-            for g, wd in saved:
-                g["weight_decay"] = wd
-
-    def _buffers_exist(self) -> bool:
-        opt = self.optimizer
-        return all(opt.state.get(p, {}).get("momentum_buffer") is not None
-                   for g in opt.param_groups if g["momentum"] for p in g["params"] if p.grad is not None)
-
-    @torch.no_grad()
-    def _continue_round(self):
-        """v += (1 - dampening) g and weights -= lr (1 - dampening) g per group, g = the gradient (+ weight decay),
-        in fused foreach ops (momentum 0: weights -= lr g, SGD's own step)."""
-        for group in self.optimizer.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            lr, wd, m, damp = float(group["lr"]), group["weight_decay"], group["momentum"], group["dampening"]
-            sign = -1.0 if group.get("maximize") else 1.0
-            grads = [p.grad for p in params]
-            if wd:
-                grads = torch._foreach_add(grads, params, alpha=sign * wd)   # sign x (sign g + wd w): one sign below
-            keep = (1.0 - damp) if m else 1.0
-            if m:
-                torch._foreach_add_([self.optimizer.state[p]["momentum_buffer"] for p in params], grads,
-                                    alpha=sign * keep)
-            torch._foreach_add_(params, grads, alpha=-lr * sign * keep)
-
-
-def step_with_momentum_share(optimizer, step: Callable[[], Any], share: float):
-    """Run `step` (the optimizer's own step) for a tick that carries `share` (k / n) of a round of gradients: every
-    param group's momentum in (0, 1) (SGD, RMSprop) is momentum^share during it, so momentum advances once per n
-    gradients, as under Horovod, however a round is split over ticks; read at every tick (a scheduler may cycle it)
-    and restored after. A share above 1 (a tick with more than n gradients) decays it by momentum^share."""
-    if share == 1.0:
-        step()
-        return
-    saved = [(g, g["momentum"]) for g in optimizer.param_groups
-             if isinstance(g.get("momentum"), (int, float)) and 0.0 < g["momentum"] < 1.0]
-    for g, m in saved:
-        g["momentum"] = m ** share
-    try:
-        step()
-    finally:
-        for g, m in saved:
-            g["momentum"] = m
 
 
 def _build_relaxed(optimizer, session: Session, names, backward_passes_per_step: int = 1):
@@ -304,18 +201,14 @@ def _build_relaxed(optimizer, session: Session, names, backward_passes_per_step:
     if len({e for _, e in everyone}) != 1:
         raise ConfigError(f"ranks built different numbers of relaxed optimizers before this one (engine ids "
                           f"{[e for _, e in everyone]}): build them in the same order on every rank")
-    epoch_ns = everyone[0][0]
-    policy = make_policy(session.cfg)
     # Weights must be identical before the engine snapshots them (delta policies keep the global model).
     flat.broadcast_weights(root_rank=0)
-    session.engine = SyncEngine(policy, session.rank, session.size, flat.numel, flat.buffers, _allreduce_sum,
-                                session.telemetry, tick_s=session.cfg.tick_ms / 1000.0, epoch_ns=epoch_ns,
-                                apply_gradient=apply_gradient, read_params=flat.weights, write_params=flat.set_weights,
-                                read_params_into=flat.weights_into, add_params_into=flat.add_weights_into,
-                                add_to_params=flat.add_to_weights,
-                                sample_params=flat.sample_weights,
-                                tick_name=f"hvd_elastic.torch.tick.{engine_id}",
-                                stream=session.cfg.push_at_backward and backward_passes_per_step == 1)
+    session.start_engine(Frontend(
+        flat.numel, flat.buffers, _allreduce_sum, tick_name=f"hvd_elastic.torch.tick.{engine_id}",
+        epoch_ns=everyone[0][0], apply_gradient=apply_gradient, read_params=flat.weights,
+        write_params=flat.set_weights, read_params_into=flat.weights_into, add_params_into=flat.add_weights_into,
+        add_to_params=flat.add_to_weights, sample_params=flat.sample_weights,
+        stream=session.cfg.push_at_backward and backward_passes_per_step == 1))
     _watch_own_collectives(session.engine)
     optimizer._hvd_elastic_backward = BackwardPush(
         flat, session, names, session.cfg.push_at_backward and not session.engine.updates.local_step
@@ -334,7 +227,7 @@ def _watch_own_collectives(engine: SyncEngine):
         if engine.finished:
             collectives.remove_listener(waiting)
         else:
-            engine.ticker.outside = flag
+            engine.waiting_outside(flag)
 
     collectives.on_wait(waiting)
 

@@ -1,0 +1,287 @@
+"""The tick thread, and one tick at a time on whichever thread holds the token (engine/ticker.py has the glossary).
+
+A tick, in named steps (TickLoop.tick): take what is pending (a full tick takes the pending buffer and pushes; a
+probe announces them), send it (full or probe), read the table and check SEQ, deliver the Tick to the training
+thread, account for it, and let the pacing decide the next wait. The tick thread waits between ticks as the pacing
+says (a probe's deadline, or a join's wait, decided again whenever the training thread changes what it will do
+next); the training thread runs a joined tick itself when it is about to wait for its own push's (run_inline).
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Deque, Optional
+
+import numpy as np
+
+from ..errors import HvdElasticError
+from .stream import Stream
+from .table import CLOCK, COUNT, FINISHED, PENDING, SEQ, STREAM, Tick
+
+
+class TickerError(HvdElasticError):
+    """The tick thread failed (e.g. Horovod shut down because a peer died); raised on the training thread."""
+
+
+class Handoff:
+    """What the two threads share, under one lock (`lock`, which the ticker's parts share too): the completed ticks
+    on their way to the training thread and the last table, the tick token, the wake-ups, and how the tick thread
+    ended."""
+
+    def __init__(self):
+        self.lock = threading.Condition()
+        self.completed: Deque[Tick] = collections.deque()   # completed ticks the training thread has not taken
+        self.last_meta: Optional[np.ndarray] = None   # the table of the last completed tick
+        self.ticking = False           # a thread is running a tick (the token: one tick at a time)
+        self.wake = False              # a push (or a change of what the training thread does) since the tick
+                                       # thread last looked: it skips its wait
+        self.inline_due = False        # a push the training thread is to send itself (push(inline=True))
+        self.stopped = False
+        self.error: Optional[BaseException] = None
+
+    def wake_thread(self):
+        """(Under the lock.) The tick thread skips its wait."""
+        self.wake = True
+        self.lock.notify_all()
+
+    def check(self):
+        if self.error is not None:
+            raise TickerError(f"tick thread failed: {self.error}") from self.error
+
+
+class TickLoop:
+    """The tick thread of one rank and the ticks it (or the training thread: run_inline) runs, over the ticker's
+    parts: this rank's row, the buffer pool, its streams, the wire and the pacing."""
+
+    def __init__(self, ticker):
+        self.numel, self.buffers, self.rank = ticker.numel, ticker.buffers, ticker.rank
+        self.handoff, self._lock = ticker.handoff, ticker.handoff.lock
+        self.row, self.pool, self.streams = ticker.row, ticker.pool, ticker.streams
+        self.wire, self.pacing = ticker.wire, ticker.pacing
+        self.index = 0                 # the next tick's index (SEQ)
+        self.last = 0.0                # monotonic time of the last tick
+        self.delivered_total = 0       # pushes of all ranks inside completed ticks
+        self.in_flight = False         # a tick has been sent and has not completed yet
+        self.mean_count = 0.0          # pushes per full tick (all ranks), moving average
+        self.ticks = self.nonempty_ticks = 0
+        self.payload_collectives = 0   # model-sized allreduces (probes move none)
+        self.join_ticks = 0            # joined ticks
+        self.inline_ticks = 0          # joined ticks the training thread ran itself (run_inline)
+        self.comm_s = 0.0
+        self.thread = threading.Thread(target=self._run, name=f"hvd_elastic-ticker-{self.rank}", daemon=True)
+
+    # ---- the tick thread -------------------------------------------------------------------------------------
+    def _run(self):
+        try:
+            with self.buffers.collective_scope():   # the buffers' device and stream, for every tick this thread runs
+                self._loop()
+        except BaseException as e:  # surfaced on the training thread at its next call
+            with self._lock:
+                self.handoff.error = e
+                self.handoff.stopped = True
+                self._lock.notify_all()
+
+    def _loop(self):
+        h = self.handoff
+        while True:
+            self.pool.refill()
+            seen, join = self.ticks, self.pacing.joined
+            deadline = self.pacing.deadline(self.last)
+            if join:
+                self._await_join(deadline)
+            else:
+                self._await_probe(deadline)
+            with self._lock:
+                while h.ticking and not h.stopped:   # the training thread runs a tick (run_inline)
+                    self._lock.wait(1.0)
+                if h.stopped:
+                    return
+                if self.ticks != seen:      # it ran one: decide again from its table
+                    continue
+                h.ticking = True
+                h.inline_due = False        # this tick sends the push: the training thread just waits
+            try:
+                done = self.tick(join)
+            finally:
+                with self._lock:
+                    h.ticking = False
+                    self._lock.notify_all()
+            if done:
+                return
+
+    def _await_probe(self, deadline: float):
+        """Until `deadline` (monotonic); a push or a finish() wakes the thread early: probes react at once."""
+        wait = deadline - time.monotonic()
+        if wait > 0:
+            with self._lock:
+                if not self.row.finished and not self.handoff.wake:
+                    self._lock.wait(wait)
+
+    def _await_join(self, deadline: float):
+        """Until this rank should join the next tick (the pacing's join_wait_s, decided again whenever the training
+        thread changes what it will do next: a push or a finish joins at once, a gate decides again); without a
+        prediction until `deadline` (monotonic; tick_s pacing)."""
+        h = self.handoff
+        with self._lock:
+            while not (h.wake or self.row.finished or self.row.pending_count or h.stopped):
+                meta = h.last_meta
+                wait = None if meta is None else \
+                    self.pacing.join_wait_s(self.row.live(meta), self.rank, self.row.now_ns())
+                left = (deadline - time.monotonic()) if wait is None else wait
+                if left <= 0:
+                    return
+                self._lock.wait(left)
+
+    def _blocking(self) -> bool:
+        """How this thread waits for a collective (allreduce_sum's `block`): the training thread running a tick
+        (run_inline) has nothing else to do and waits as Horovod's own synchronize does; the tick thread must not
+        take a core from its rank's forward and backward."""
+        return threading.current_thread() is not self.thread
+
+    # ---- the training thread -----------------------------------------------------------------------------------
+    def run_inline(self) -> bool:
+        """Training thread, about to wait for its own push (push(inline=True)): while ticks are joined and no tick
+        is under way, run the next tick here -- the push's tick, which the tick thread would otherwise run after a
+        wake-up, handing the result back with another hand-over. Every tick is the same collective whichever thread
+        issues it, so ranks need not agree on who runs theirs. True when it ran one; otherwise the tick thread is
+        woken."""
+        h = self.handoff
+        with self._lock:
+            if not h.inline_due:
+                return False
+            h.inline_due = False
+            if h.ticking or h.stopped or h.error is not None or self.streams.current is not None \
+                    or not self.row.pending_count or not self.pacing.joined:
+                h.wake_thread()
+                return False
+            h.ticking = True
+        try:
+            with self.buffers.collective_scope():
+                self.tick(True)
+            self.inline_ticks += 1
+        except BaseException as e:   # as on the tick thread: every later call raises it
+            with self._lock:
+                h.error = e
+                h.stopped = True
+        finally:
+            with self._lock:
+                h.ticking = False
+                self._lock.notify_all()
+        return True
+
+    # ---- one tick --------------------------------------------------------------------------------------------
+    def tick(self, join: bool) -> bool:
+        """One tick (the caller holds the token): full when joined or when the pacing says, else a probe. True when
+        it was the last."""
+        index = self.index
+        with self._lock:
+            self.handoff.wake = False
+        self.last = time.monotonic()
+        full = join or self.pacing.full()
+        if full:
+            self.pool.ensure_pending()
+        send, member, count, clock = self._take(index, full)
+        t0 = time.perf_counter()
+        meta = self._send(full, send, member, index, count, clock)
+        if not (meta[:, SEQ] == index).all():
+            raise TickerError(f"ranks are out of step at tick {index}: {meta[:, SEQ].tolist()}")
+        total = int(meta[:, COUNT].sum())
+        if full:                        # a model-sized allreduce, even when nobody pushed into it
+            self.payload_collectives += 1
+        if not total and send is not None:   # an empty full tick's buffer sums zeros: it stays a zeroed spare
+            self.pool.keep(send)
+            send = None
+        tick = Tick(index, self.buffers.head(send, self.numel) if total else None, meta, time.perf_counter() - t0,
+                    send if total else None)
+        if self._deliver(tick, total, full, join):
+            return True
+        active = total or int(meta[:, PENDING].sum()) + int(meta[:, STREAM].sum())
+        self.pacing.observe(meta, full, total, bool(active))
+        self.index += 1
+        return False
+
+    def _take(self, index: int, full: bool):
+        """Take what is pending, and write this rank's row of the tick's table: a full tick takes the pending buffer
+        and pushes (and an announced stream, whose row is written once it has ended); a probe announces them.
+        Returns (payload buffer or None, stream taken or None, pushes taken, clock)."""
+        with self._lock:
+            self.in_flight = True
+            stream = self.streams.announced()
+            lead_ns = self.streams.lead_ns
+            if not full:
+                since = stream.since_ns if stream is not None else None
+                self.wire.encode(self.row.probe_table(index, since, lead_ns))
+                return None, None, 0, 0
+            send = self.pool.take_pending()
+            count, clock = self.row.take_pending()
+            if stream is not None:
+                self.streams.take(stream)
+            else:
+                self.wire.encode(self.row.table(index, count, clock, 0, -1, 0, lead_ns))
+            return send, stream, count, clock
+
+    def _send(self, full: bool, send, member: Optional[Stream], index: int, count: int, clock: int) -> np.ndarray:
+        """The tick's collectives: a probe, a full tick, or a full tick in chunks. Returns the reduced table."""
+        if not full:
+            self.wire.probe(self._blocking())
+            return self.wire.read_table(None)
+        if self.streams.chunked:
+            return self._send_chunks(send, member, index, count, clock)
+        self.pool.received(send)
+        self.wire.full(send, self._blocking())
+        self.pool.handed(send)
+        return self.wire.read_table(send)
+
+    def _send_chunks(self, send, member: Optional[Stream], index: int, count: int, clock: int) -> np.ndarray:
+        """A full tick in chunks, last words first (backward's order); the table rides with the last chunk. With a
+        stream taken (`member`), each chunk waits until backward has made it final and is read from the frontend's
+        tensors into `send` just before it is reduced; the rank's row is written once the stream has ended."""
+        b, block = self.streams.bounds, self._blocking()
+        self.pool.received(send)
+        for k in reversed(range(len(b) - 1)):
+            chunk = self.buffers.view(send, b[k], b[k + 1])
+            if member is not None:
+                self.streams.read_chunk(member, k, chunk)
+                if k == 0:
+                    self._stream_sent(member, index, count + 1, clock + 1)
+            self.wire.chunk(send, chunk, k, block, last=k == 0)
+        self.pool.handed(send)
+        self.wire.chunks_sent(send)
+        return self.wire.read_table(send)
+
+    def _stream_sent(self, member: Stream, index: int, count: int, clock: int):
+        """The taken stream is read whole: its gradients are no longer read (stream_wait returns), and this rank's
+        row, with the stream counted as one more push, goes with the last chunk."""
+        with self._lock:
+            self.streams.finish_reading(self.buffers.fence())
+            self.row.sent_push_ns = member.end_ns
+        self.wire.encode(self.row.table(index, count, clock, 0, -1, 0, self.streams.lead_ns))
+
+    def _deliver(self, tick: Tick, total: int, full: bool, join: bool) -> bool:
+        """Account for the completed tick and hand it to the training thread. True when it is the last: every rank
+        has finished, and nobody pushed anything or has anything pending."""
+        meta, h = tick.meta, self.handoff
+        with self._lock:
+            self._account(tick, total, full, join)
+            h.last_meta = meta
+            h.completed.append(tick)
+            done = bool(meta[:, FINISHED].all()) and total == 0 and int(meta[:, PENDING].sum()) == 0
+            if done:
+                h.stopped = True
+            self._lock.notify_all()
+        return done
+
+    def _account(self, tick: Tick, total: int, full: bool, join: bool):
+        """(Under the lock.) The counters, and the delivery of this rank's own pushes."""
+        self.ticks += 1
+        self.join_ticks += int(join)
+        self.comm_s += tick.comm_s
+        if total:
+            self.nonempty_ticks += 1
+            self.pool.delivered()
+        self.delivered_total += total
+        if full:
+            self.mean_count += 0.2 * (total - self.mean_count)
+        self.in_flight = False
+        self.row.delivered(int(tick.meta[self.rank, CLOCK]))

@@ -1,0 +1,10 @@
+"""ASP: asynchronous parallel (algorithms.md, "BSP, ASP, SSP"): push every step, apply every tick, never wait for
+another rank; staleness unbounded."""
+from .base import Policy
+
+
+class Asp(Policy):
+    """Asynchronous parallel: the base rule (never held by other ranks), reading fresh weights."""
+
+    name = "asp"
+    fresh_reads = True

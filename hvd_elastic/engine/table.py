@@ -1,0 +1,243 @@
+"""The tick table: one row per rank, reduced in every tick, and the pure functions of it that pace the ticks.
+
+Every tick carries a metadata table (int64, size x META_COLUMNS) in which each rank fills only its own row and
+the other ranks add zeros, so the Sum-allreduce is an allgather of every rank's clock, push times and step time.
+Every rank receives the same tables in the same order; every decision below is a function of tables alone, so
+every rank takes it identically and issues the same collectives.
+
+The table travels in a buffer of the update's dtype (with the payload where both live in host memory: one
+allreduce, one dtype, since Horovod only fuses tensors of one dtype and on Gloo every extra collective costs
+milliseconds). Each int64 (all values are >= -1) is stored as value + 1 in META_PIECES 16-bit pieces, which
+float32 and float64 hold exactly, so the Sum returns every piece exactly (encode_meta, decode_meta).
+
+Words used here and in the ticker (engine/ticker.py has the full glossary): a rank's *push* adds an update to its
+next tick; *pending* pushes wait for a full tick; a *probe* carries the table alone and announces what is
+pending; a *release* is the decision, after a probe, to send the pending pushes in a full tick now; the *hold* is
+how long a release waits for ranks due to push (a fraction of a period); a rank's *peers* are the ranks whose step
+compute time is within PEER_SPEED of its own; a thread *joins* a tick when it enters the tick's collective.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import numpy as np
+
+# Columns, one row per rank. COUNT: pushes this tick delivers; CLOCK: own pushes delivered up to and including
+# this tick; LAST_PUSH_NS: time of the last push sent (it goes with CLOCK); INTERVAL_NS: the rank's step compute
+# time; FINISHED: the rank has finished; SEQ: the tick's index (every row the same, or the ranks are out of step);
+# PENDING / PENDING_SINCE_NS: pushes waiting (probes only) and when the first of them came; NOW_NS: the row's
+# snapshot time; PERIOD_NS: measured time between the rank's pushes (moving average). STREAM: a streamed push is
+# under way (probes only); LEAD_NS: the rank's measured stream begin -> end time. GATED: the rank's training
+# thread is held by its policy's rule (a barrier, a staleness bound, peer alignment) or waits in a collective of
+# the script's own, so it pushes nothing before a later tick opens its gate: a release never waits for it (nor, for
+# its own row, a join). OUTSIDE: the second case alone (a gate may let the others reach that collective:
+# zipline's barrier).
+COUNT, CLOCK, LAST_PUSH_NS, INTERVAL_NS, FINISHED, SEQ, PENDING, PENDING_SINCE_NS, NOW_NS, PERIOD_NS, STREAM, \
+    LEAD_NS, GATED, OUTSIDE = range(14)
+META_COLUMNS = 14
+META_PIECES = 4   # 16-bit pieces per int64
+_BASE = 1 << 16
+# next_probe_s, join_wait_s: probe QUIET_MARGIN of a period before a rank's predicted push; never sleep longer than
+# QUIET_MAX_S between ticks; look for a rank past its predicted push every OVERDUE_POLL of its period.
+QUIET_MARGIN, QUIET_MAX_S, OVERDUE_POLL = 0.25, 0.25, 0.05
+CHUNK_WORDS, MAX_CHUNKS = 1 << 20, 4   # a streamed tick's payload: chunks of at least CHUNK_WORDS, at most MAX
+PEER_SPEED = 1.25          # a rank whose step compute time is within this factor of another's is its peer (peer
+                           # alignment in policies.py, the release's hold, join groups in join_wait_s)
+AUTO_EXIT_SPEED = 1.5      # still_peers: the ranks stay peers until a live rank is this much slower than another
+HOLD_FRACTION = 0.5        # default release hold, a fraction of the pushers' step period (HVD_ELASTIC_PEER_WAIT)
+
+
+def encode_meta(meta: np.ndarray, out: np.ndarray):
+    """A table (any shape, values >= -1) into `out`'s words, META_PIECES per value."""
+    v = meta.astype(np.int64).ravel() + 1
+    if (v < 0).any() or (v >= (1 << 62)).any():
+        raise ValueError("tick metadata out of range")
+    for k in range(META_PIECES):
+        out[k::META_PIECES] = (v >> (16 * k)) & (_BASE - 1)
+
+
+def decode_meta(words: np.ndarray, size: int, columns: int = META_COLUMNS) -> np.ndarray:
+    """Inverse of encode_meta for a (size x columns) table (the tick's, or any other riding the same way)."""
+    pieces = np.rint(words).astype(np.int64)
+    v = np.zeros(size * columns, np.int64)
+    for k in range(META_PIECES):
+        v += pieces[k::META_PIECES] << (16 * k)
+    return (v - 1).reshape(size, columns)
+
+
+class Tick:
+    """One completed tick: `index`, the summed `update` (a view of `buffer`; None when nobody pushed), the
+    table, the time spent in its collectives. Hand `buffer` back with Ticker.recycle once applied."""
+
+    __slots__ = ("index", "update", "meta", "comm_s", "buffer")
+
+    def __init__(self, index: int, update, meta: np.ndarray, comm_s: float, buffer=None):
+        self.index, self.update, self.meta, self.comm_s, self.buffer = index, update, meta, comm_s, buffer
+
+    @property
+    def total_count(self) -> int:
+        return int(self.meta[:, COUNT].sum())
+
+
+def _pending_rows(meta: np.ndarray) -> np.ndarray:
+    """Rows with pushes waiting or a streamed push announced."""
+    return (meta[:, PENDING] > 0) | (meta[:, STREAM] > 0)
+
+
+def nothing_pending(meta: np.ndarray) -> bool:
+    """No row has pushes waiting or a streamed push announced (auto pacing joins ticks only from such a table: a
+    probe's pending pushes go out in its release's full tick)."""
+    return not _pending_rows(meta).any()
+
+
+def _next_start_ns(meta: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Predicted start of each row's next push (for a rank that streams, of its stream: LEAD_NS earlier), in the
+    row's own clock: what release() waits for and what next_probe_s() wakes up for."""
+    return meta[rows, LAST_PUSH_NS] + meta[rows, PERIOD_NS] - np.maximum(meta[rows, LEAD_NS], 0)
+
+
+def _step_ns(meta: np.ndarray) -> np.ndarray:
+    """Per row, how fast the rank is: its step compute time (INTERVAL_NS), or its push period while that is not
+    measured. (The period includes waiting, which converges the ranks' periods where they wait for each other.)"""
+    return np.where(meta[:, INTERVAL_NS] > 0, meta[:, INTERVAL_NS], meta[:, PERIOD_NS])
+
+
+def _measured(meta: np.ndarray, rows: np.ndarray) -> bool:
+    """These rows' push period and last push are known: their next push can be predicted."""
+    return bool((meta[rows, PERIOD_NS] > 0).all() and (meta[rows, LAST_PUSH_NS] >= 0).all())
+
+
+def predictable(meta: np.ndarray) -> bool:
+    """Every live rank's push period and last push are known, so join_wait_s can predict the next pushes (before,
+    joins would pace by tick_s, and a lone first push could go out in a tick of its own). Auto pacing joins ticks
+    from the first table after this in which nothing is pending."""
+    live = meta[:, FINISHED] == 0
+    return bool(live.any() and _measured(meta, live))
+
+
+def all_peers(meta: np.ndarray, factor: float = PEER_SPEED) -> bool:
+    """Every live rank's push period and step compute time (_step_ns) are measured (predictable), and the step times
+    are within `factor` of each other: nobody is a straggler."""
+    if not predictable(meta):
+        return False
+    live = meta[:, FINISHED] == 0
+    step = _step_ns(meta)[live]
+    return bool((step > 0).all() and step.max() <= factor * step.min())
+
+
+def still_peers(meta: np.ndarray, were_peers: bool) -> bool:
+    """all_peers with hysteresis over a sequence of tables: becomes true at PEER_SPEED, stays true within
+    AUTO_EXIT_SPEED (one step's noise does not flip it). Auto pacing's join window and zipline's barriers at the
+    bound."""
+    return all_peers(meta, AUTO_EXIT_SPEED if were_peers else PEER_SPEED)
+
+
+def release(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> bool:
+    """After a probe with this table: send the pending pushes in a full tick now (True) or probe again (False).
+    Now, unless some rank with nothing pending is due to push within the hold window and the oldest pending push
+    has waited less than that window. Only a rank at most PEER_SPEED slower than the fastest pusher is held for
+    (a peer, or a faster rank): a push is never held for a slower rank, as peer alignment never waits for one
+    (policies.py) -- under asp with a straggler due within a fast rank's window, that hold was on the fast ranks'
+    critical path (they wait for their own push). A rank held at its gate (GATED) is never due: it pushes only after
+    a tick opens its gate, so holding for it only delays that tick (under zipline, every barrier by the hold: close
+    to a step; docs/benchmarks.md)."""
+    pending = _pending_rows(meta)
+    if not pending.any():
+        return False
+    step = _step_ns(meta)
+    periods = np.where(meta[pending, PERIOD_NS] > 0, meta[pending, PERIOD_NS], step[pending])
+    if hold_fraction <= 0 or (periods <= 0).any():
+        return True                              # nothing measured yet about a pusher
+    hold = hold_fraction * float(periods.min())
+    now = float(meta[:, NOW_NS].max())
+    if now - float(meta[pending, PENDING_SINCE_NS].min()) >= hold:
+        return True
+    idle = ~pending & (meta[:, FINISHED] == 0) & (meta[:, GATED] <= 0) \
+        & (step <= PEER_SPEED * float(step[pending].min()))
+    measured = idle & (meta[:, PERIOD_NS] > 0) & (meta[:, LAST_PUSH_NS] >= 0)
+    due = _next_start_ns(meta, measured) <= now + hold   # its next push (or stream) starts within the window
+    # A rank whose period is not measured yet (its first two pushes: the ranks start together) is expected within
+    # the window unless its step time already says it is slower: without this a lone first push goes out in a tick
+    # of its own and splits the round (the trajectories then leave Horovod's from the first step).
+    return not due.any() and not (idle & (meta[:, PERIOD_NS] <= 0)).any()
+
+
+def next_probe_s(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> Optional[float]:
+    """How long the tick thread may sleep after a tick with this table before it probes again: until the earliest
+    moment the table gives a reason to look -- a rank with nothing pending due to push (or, if it streams, to begin
+    its stream: LEAD_NS earlier), less QUIET_MARGIN of its period for jitter, or the end of the hold of a pending
+    push (release()) -- at most QUIET_MAX_S. None when a live rank's period is not measured yet (no prediction).
+    Each row's prediction is taken relative to the row's own NOW_NS, so hosts' clocks need not agree. On a CPU
+    machine, probes at tick pace in these gaps only take cycles from the computation; a rank's own push or stream
+    wakes its thread at once, and a probe issued by a rank that woke early completes when the others wake."""
+    live = meta[:, FINISHED] == 0
+    if not live.any():
+        return 0.0
+    if not _measured(meta, live):
+        return None
+    period = meta[:, PERIOD_NS].astype(np.float64)
+    pending = live & _pending_rows(meta)
+    idle = live & ~pending
+    due = _next_start_ns(meta, idle) - QUIET_MARGIN * period[idle] - meta[idle, NOW_NS]
+    events = list(np.maximum(due, OVERDUE_POLL * period[idle]))   # an overdue rank: look again now and then
+    if pending.any():
+        hold = hold_fraction * float(period[pending].min())
+        events += list(meta[pending, PENDING_SINCE_NS] + hold - meta[pending, NOW_NS])
+    return float(min(max(min(events), 0.0) / 1e9, QUIET_MAX_S))
+
+
+def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float = HOLD_FRACTION,
+                peer_speed: float = PEER_SPEED) -> Optional[float]:
+    """Joined ticks (every tick full; it fires when the last rank's thread joins it, so *when* each thread joins
+    decides what a tick carries): how long this rank's thread waits before it joins the next tick, from the last
+    tick's table with this rank's own row as it stands now (a push of its own makes it join at once; 0: join now
+    and wait inside the collective for the others). No rank needs to agree with another on it: every tick has the
+    same shape.
+
+    The due ranks are the live ones whose next push the table predicts (last push + period), this rank only if it is
+    not held at its gate (another rank's GATED is from before the tick, which may have let it go). The first group
+    is the earliest due rank and the ranks no slower than its peers (step compute time, INTERVAL_NS, at most
+    `peer_speed` times its own: the push period would not do, it includes the time a rank waits) predicted within a
+    hold (`hold_fraction` of the first's period) after it: the pushes the next tick waits for. A member waits for its
+    own push, at most a hold (of the group's shortest period) past its prediction and never past the predicted push
+    of a rank more than `peer_speed` faster than itself (a straggler's late push must not hold the fast ranks'
+    pushes back); then it joins empty-handed and its push goes into the next tick. A straggler due first thus
+    waits for its own push until the fast ranks' pushes, which join its tick: had they joined early instead, their
+    pushes made while waiting inside the straggler's tick would go into a tick of their own after it, which makes
+    the fast ranks' gradients one update stale and can sit on their critical path (docs/benchmarks.md). Every other
+    rank joins QUIET_MARGIN of a period before the first predicted push and waits inside the collective, so the tick
+    fires as soon as the group has pushed. A rank more than a hold past its predicted push (overdue) is no longer
+    waited for: ranks outside the group look for it OVERDUE_POLL of its period after the table's tick. Times are
+    compared on the job's common clock (now_ns, LAST_PUSH_NS: ns since the shared epoch), as ZipLine's barriers
+    compare them. None when no rank is due or a due rank's period is not measured yet (no prediction: pace by
+    tick_s)."""
+    live = meta[:, FINISHED] == 0
+    live[rank] &= meta[rank, GATED] <= 0
+    if not live.any() or not _measured(meta, live):
+        return None
+    period = meta[:, PERIOD_NS].astype(np.float64)
+    speed = _step_ns(meta).astype(np.float64)
+    rel = (meta[:, LAST_PUSH_NS] + meta[:, PERIOD_NS]).astype(np.float64) - now_ns
+    overdue = live & (rel < -hold_fraction * period)
+    on_time = live & ~overdue
+    # the poll counts from the table's tick (its last row's snapshot), not from now: re-evaluated, it still comes
+    events = [float(meta[:, NOW_NS].max()) + OVERDUE_POLL * float(period[overdue].min()) - now_ns] \
+        if overdue.any() else []
+    if on_time.any():
+        first = int(np.flatnonzero(on_time)[np.argmin(rel[on_time])])
+        group = on_time & (speed <= peer_speed * speed[first]) \
+            & (rel <= rel[first] + hold_fraction * period[first])
+        if group[rank]:       # wait for the own push (an overdue rank's poll would only make it miss the tick)
+            deadline = rel[rank] + hold_fraction * float(period[group].min())
+            faster = on_time & (speed * peer_speed < speed[rank])
+            events = [min(deadline, float(rel[faster].min())) if faster.any() else deadline]
+        else:
+            events.append(rel[first] - QUIET_MARGIN * period[first])
+    return float(min(max(min(events), 0.0) / 1e9, QUIET_MAX_S))
+
+
+def chunk_bounds(numel: int) -> List[int]:
+    """Word offsets of a streamed tick's payload chunks: numel // CHUNK_WORDS equal chunks (1 to MAX_CHUNKS).
+    A function of the model size only, so every rank cuts the same chunks."""
+    k = max(1, min(MAX_CHUNKS, numel // CHUNK_WORDS))
+    return [numel * i // k for i in range(k + 1)]

@@ -5,6 +5,8 @@ machines; what is distributed (launchers, Horovod, faults) is tested with real j
 
     run = run_job("ssp", schedule=[[0.002] * 40, [0.01] * 40], staleness=1)
     run.weights()      # every rank's final weights; run.counters[r]: rank r's end-of-run counters
+    run = run_job("asp", schedule=[[0.005]] * 3 + [[0.05]], target=400)   # a global budget: schedules repeat
+    run.steps          # steps each rank took (the fast ranks run ahead)
 
 The model is a linear least-squares problem per rank (gradient A_r w - b_r), so a BSP reference is exact arithmetic
 (:func:`bsp_reference`).
@@ -12,7 +14,9 @@ The model is a linear least-squares problem per rank (gradient A_r w - b_r), so 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
+import time
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -90,6 +94,10 @@ class Run:
     counters: List[dict]
     collectives: int
     errors: List[BaseException]
+    steps: List[int]
+
+    def pushed(self) -> int:
+        return sum(c["pushed"] for c in self.counters)
 
     def weights(self) -> List[np.ndarray]:
         return self.models
@@ -109,6 +117,7 @@ class _Rank:
         self.engine = SyncEngine(make_policy(cfg, rank, n), rank, n, frontend, self.telemetry, cfg,
                                  stall_timeout_s=30.0)
         self.local_step = self.engine.updates.local_step
+        self.steps = 0
 
     def _apply(self, update, scale, share):
         self.w -= LR * scale * update
@@ -116,11 +125,14 @@ class _Rank:
     def _write(self, w):
         self.w[:] = w
 
-    def train(self, delays: Sequence[float], stop: threading.Event):
-        import time
-        for d in delays:
+    def train(self, delays: Sequence[float], stop: threading.Event, target: Optional[int] = None):
+        """One step per entry of `delays`; with a target, `delays` repeats until the global steps this rank knows of
+        (its own and the others' delivered clocks, SyncEngine.global_steps) reach it."""
+        for d in (itertools.cycle(delays) if target is not None else delays):
             if stop.is_set():
                 return
+            if target is not None and self.engine.global_steps() >= target:
+                break
             if d > 0:
                 time.sleep(d)
             g = self.a @ self.w - self.b
@@ -129,13 +141,16 @@ class _Rank:
                 self.engine.step(None, d)
             else:
                 self.engine.step(lambda dst, alpha, g=g: np.add(dst, alpha * g, out=dst), d)
+            self.steps += 1
         self.engine.finish()
 
 
 def run_job(policy: str, schedule: Sequence[Sequence[float]], w0: Optional[np.ndarray] = None,
-            timeout_s: float = 60.0, **knobs) -> Run:
+            timeout_s: float = 60.0, target: Optional[int] = None, **knobs) -> Run:
     """Train every rank through `schedule` (schedule[r][k]: rank r's compute time at its step k, seconds) under
-    `policy` with the given knobs (Config names), and finish. Raises the first error any rank raised."""
+    `policy` with the given knobs (Config names), and finish. With `target`, each rank's schedule repeats until the
+    job has taken `target` steps as far as that rank knows, so every rank trains for about the same time and fast
+    ranks take more steps (a global budget, as the workers' --target). Raises the first error any rank raised."""
     n = len(schedule)
     cfg = Config.from_env({}, policy=policy, keep_heap=False, **knobs)
     reduce = InMemoryAllreduce(n, timeout_s=timeout_s / 2)
@@ -146,7 +161,7 @@ def run_job(policy: str, schedule: Sequence[Sequence[float]], w0: Optional[np.nd
 
     def body(r):
         try:
-            ranks[r].train(schedule[r], stop)
+            ranks[r].train(schedule[r], stop, target)
         except BaseException as e:   # surfaced below
             errors.append(e)
             stop.set()
@@ -161,4 +176,4 @@ def run_job(policy: str, schedule: Sequence[Sequence[float]], w0: Optional[np.nd
     if errors:
         raise errors[0]
     return Run([r.engine for r in ranks], [r.w for r in ranks], [r.telemetry.counters for r in ranks],
-               reduce.collectives, errors)
+               reduce.collectives, errors, [r.steps for r in ranks])

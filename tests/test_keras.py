@@ -3,18 +3,19 @@ engine as PyTorch.
 
 - bsp: model.fit (graph mode) and a GradientTape loop give the weights of a single-process run over the combined
   batch (plain SGD), identical on both ranks, from different initial weights (the broadcast fixes them);
-- every relaxed policy under model.fit (one launch, policy= keyword), plus a custom loop under wbsp with Adam:
-  identical weights on every rank, nothing lost (applied_contributions == sum of pushed), the policy's bound
-  holds, and the model learns digits with rank 1 an emulated straggler;
-- torch then Keras in one process (horovodrun);
-- bad input: one clear line on every rank, no hang.
+- relaxed policies under model.fit (one launch, policy= keyword: asp for the gradient policies, zipline for
+  barriers), plus a custom loop under wbsp with Adam (deltas, per-rank optimizer state): identical weights on every
+  rank, nothing lost (applied_contributions == sum of pushed), the policy's bound holds, and the model learns digits
+  with rank 1 an emulated straggler (the staleness bounds of ssp and dssp are the engine's, the same for every
+  frontend: tests/test_engine.py, tests/test_engine_pacing.py);
+- torch then Keras in one process (horovodrun, ssp);
+- bad input: one clear line on every rank, no hang (the messages themselves: tests/test_config.py, test_lbbsp.py).
 TF start-up costs ~10 s per rank here, so each launch checks several properties.
 """
 import json
 import os
 
 import numpy as np
-import pytest
 
 from launch import launch
 
@@ -41,16 +42,15 @@ def test_bsp_fit_and_custom_loop_equal_single_process_sgd_on_combined_batch(tmp_
     assert len(res.lines_with("hvd_elastic report: policy=bsp, 2 ranks")) == 2   # fit, then the custom loop
 
 
-RELAXED = ("asp", "ssp", "dssp", "zipline", "wbsp")
+FIT = ("asp", "zipline")
 
 
 def test_relaxed_policies_under_fit_keep_replicas_identical_and_lose_nothing(tmp_path):
-    env = {**STRAGGLER, "HVD_ELASTIC_STALENESS": "2", "HVD_ELASTIC_DSSP_LOWER": "1", "HVD_ELASTIC_DSSP_UPPER": "4",
-           "HVD_ELASTIC_LOOKAHEAD": "6"}
-    _, ranks = _run("mpirun", tmp_path, ["--mode", "policies", "--policies", ",".join(RELAXED),
+    env = {**STRAGGLER, "HVD_ELASTIC_LOOKAHEAD": "6"}
+    _, ranks = _run("mpirun", tmp_path, ["--mode", "policies", "--policies", ",".join(FIT),
                                          "--custom-loop", "wbsp", "--target", "300"], env=env)
     runs = list(zip(ranks[0]["runs"], ranks[1]["runs"]))
-    assert [a["policy"] for a, _ in runs] == list(RELAXED) + ["wbsp"]
+    assert [a["policy"] for a, _ in runs] == list(FIT) + ["wbsp"]
     for a, b in runs:
         policy = a["policy"]
         reports = [a["report"]["ranks"][0], b["report"]["ranks"][1]]
@@ -65,11 +65,6 @@ def test_relaxed_policies_under_fit_keep_replicas_identical_and_lose_nothing(tmp
             assert r["accuracy"] > 0.8, (policy, r["accuracy"])        # learned, straggler and all (300 steps)
         assert a["weights_sha256"] == b["weights_sha256"], policy      # invariant 3
         assert a["accuracy"] == b["accuracy"]
-        gaps = [c["max_clock_gap"] for c in counters]
-        if policy == "ssp":
-            assert max(gaps) <= 2, gaps
-        if policy == "dssp":
-            assert max(gaps) <= 4, gaps
         if policy == "zipline":
             assert counters[0]["barriers"] >= 3 and counters[0]["barriers"] == counters[1]["barriers"]
             assert all(c["max_iterations_between_barriers"] <= 6 for c in counters), counters
@@ -94,17 +89,11 @@ def test_torch_then_keras_in_one_process(tmp_path):
     assert len(res.lines_with("hvd_elastic report: policy=ssp, 2 ranks")) == 2
 
 
-BAD = {"unknown_policy": ("horovodrun", {"HVD_ELASTIC_POLICY": "nope"},
-                          ["HVD_ELASTIC_POLICY='nope' is not valid", "bsp|asp|ssp|dssp|zipline|lbbsp|wbsp"]),
-       "lbbsp_without_global_batch": ("mpirun", {"HVD_ELASTIC_POLICY": "lbbsp"},
-                                      ["policy lbbsp needs the global batch: set HVD_ELASTIC_GLOBAL_BATCH"])}
-
-
-@pytest.mark.parametrize("case", sorted(BAD))
-def test_bad_input_stops_every_rank_with_one_line(case, tmp_path):
-    launcher, env, needles = BAD[case]
-    res = launch(launcher, 2, WORKER, [tmp_path, "--mode", "config"], env=env, timeout=120)
-    assert not res.timed_out and res.elapsed < 90, res.output[-3000:]
+def test_bad_input_stops_every_rank_with_one_line(tmp_path):
+    needles = ["HVD_ELASTIC_POLICY='nope' is not valid", "bsp|asp|ssp|dssp|zipline|lbbsp|wbsp"]
+    res = launch("horovodrun", 2, WORKER, [tmp_path, "--mode", "config"], env={"HVD_ELASTIC_POLICY": "nope"},
+                 timeout=120)
+    assert not res.timed_out, res.output[-3000:]
     assert res.returncode != 0
     errors = res.lines_with("hvd_elastic: error:")
     for needle in needles:

@@ -1,34 +1,33 @@
-"""Invariant 8 (run-time part): a rank killed mid-run ends the job everywhere, non-zero, named, within a bound."""
+"""Invariant 8 (run-time part): a rank killed mid-run ends the job everywhere, non-zero, named, within a bound.
+
+Under horovodrun, where the live ranks outlive the dead one long enough to name it (mpirun may kill them first); a
+rank killed under mpirun, while the other is in finish(), is named in tests/test_faults.py."""
 import re
 
-import pytest
+from launch import launch
 
-from launch import LAUNCHERS, launch
-
-BOUND_S = 120
+BOUND_S = 120   # the job is killed, and the test fails, if it has not ended by then (the training never ends by itself)
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_a_killed_rank_stops_every_rank_with_a_message_naming_it(launcher, tmp_path):
-    res = launch(launcher, 3, "tests/workers/relaxed_train.py", [tmp_path, "--mode", "train", "--target", "100000"],
+def test_a_killed_rank_stops_every_rank_with_a_message_naming_it(tmp_path):
+    res = launch("horovodrun", 3, "tests/workers/relaxed_train.py",
+                 [tmp_path, "--mode", "train", "--target", "100000"],
                  env={"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_EMULATE_DELAY": "*:0.002",
-                      "TEST_KILL_RANK_AT_STEP": "30"}, timeout=BOUND_S + 60)
+                      "TEST_KILL_RANK_AT_STEP": "30"}, timeout=BOUND_S)
     assert not res.timed_out, "the job hung after a rank died:\n" + res.output[-3000:]
-    assert res.elapsed < BOUND_S, res.elapsed
     assert res.returncode != 0
     # The launcher names the dead rank (rank 2 of 3 was killed by signal 9).
     named = re.search(r"(rank 2 .*(signal 9|Killed|exited))|(Process name: 2)|(\[\[\d+,1\],2\].*\n.*Exit code)|"
                       r"(Killed.*rank 2)", res.output)
     assert named or "rank 2" in res.output, res.output[-3000:]
     # The plugin's own line names it too (its heartbeat connection closed: hvd_elastic/watchdog.py), printed by a
-    # live rank; more fault cases in tests/test_faults.py. Under mpirun the launcher may kill the live ranks first
-    # (3 busy ranks on 2 cores here: it won about one run in two), so the line is required under horovodrun only.
+    # live rank; more fault cases in tests/test_faults.py.
     plugin = [ln for ln in res.stderr_of(0, 1) if "hvd_elastic: error: rank 2 lost" in ln]
-    # Under horovodrun Gloo's own reaction (a reset connection shuts Horovod down) can also beat the heartbeat: the
-    # live rank then stops on its tick thread's error, a line of the plugin too (seen once in the tenth session's CI).
+    # Gloo's own reaction (a reset connection shuts Horovod down) can also beat the heartbeat: the live rank then
+    # stops on its tick thread's error, a line of the plugin too.
     horovod_first = [ln for ln in res.rank_lines() if "hvd_elastic: error: tick thread failed: Horovod has been shut "
                      "down" in ln]
-    assert plugin or horovod_first or launcher == "mpirun", res.output[-3000:]
+    assert plugin or horovod_first, res.output[-3000:]
     # No rank but 2 is ever named lost. (Under Gloo, Horovod's own reaction to the lost peer can reach a live
     # rank's tick thread before the watchdog's line, which then also reports "tick thread failed: Horovod has been
     # shut down" and the unfinished optimizer: consequences, not wrong names.)

@@ -19,6 +19,7 @@ from launch import launch
 
 POLICIES = ("bsp", "asp", "ssp", "dssp", "zipline", "wbsp", "lbbsp")
 STRAGGLER = "*:0.002,1:0.02"
+STEPS, EVERY = 30, 10     # each rank's steps; a round of the script's collectives (7 calls, twice) every EVERY
 
 
 @contextlib.contextmanager
@@ -40,13 +41,14 @@ def test_named_and_unnamed_collectives_of_the_script_run_under_every_policy(poli
     if policy != "lbbsp":
         env.pop("HVD_ELASTIC_GLOBAL_BATCH")
     with cpu_hog():
-        res = launch(launcher, 2, "tests/workers/user_collectives.py", [tmp_path], env=env, timeout=150)
+        res = launch(launcher, 2, "tests/workers/user_collectives.py",
+                     [tmp_path, "--steps", STEPS, "--every", EVERY], env=env, timeout=150)
     assert not res.timed_out, "hang:\n" + res.output[-4000:]
     assert res.returncode == 0, res.output[-4000:]
     ranks = [json.load(open(os.path.join(tmp_path, f"rank{r}.json"))) for r in range(2)]
-    assert all(r["checked"] == 6 * 2 * 7 for r in ranks), [r["checked"] for r in ranks]
+    assert all(r["checked"] == STEPS // EVERY * 2 * 7 for r in ranks), [r["checked"] for r in ranks]
     assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
     counters = [r["report"]["ranks"][r["rank"]]["counters"] for r in ranks]
     if policy not in ("bsp", "lbbsp"):
         pushed = sum(c["pushed"] for c in counters)
-        assert pushed == 120 and all(c["applied_contributions"] == pushed for c in counters), counters
+        assert pushed == 2 * STEPS and all(c["applied_contributions"] == pushed for c in counters), counters

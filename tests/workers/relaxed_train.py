@@ -42,8 +42,8 @@ def degenerate(out_dir, steps, hidden=16):
     w_ref = flat(ref)
     opt, model = run(lambda o, m: hvde.DistributedOptimizer(o, named_parameters=m.named_parameters()))
     # The weights after finish(), which applies the ticks still on their way (under asp a rank's last step does not
-    # wait for them: read before finish, a rank missed the last tick when the peer's final push came in a tick of
-    # its own -- the "replica mismatch" of the tenth session's CI run, one run in ten).
+    # wait for them: read before finish, a rank misses the last tick when the peer's final push comes in a tick of
+    # its own).
     report = hvde.finish(opt)
     w = flat(model)
     if w.size > 10_000:   # a large model: the comparison, not the vectors

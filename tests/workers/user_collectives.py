@@ -57,7 +57,7 @@ def user_calls(step, named):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out_dir")
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--every", type=int, default=10)
     ap.add_argument("--batch", type=int, default=16)
     args = ap.parse_args()

@@ -64,7 +64,8 @@ WHEEL_KEY="hvd${HOROVOD_VERSION}-torch${TORCH_V}-tf${TF_V}-ompi${MPI_V}-py${PY_V
 WHEEL_DIR="$CACHE/wheels/$WHEEL_KEY"
 # A stamp written once this Horovod imported with both frameworks: later calls skip the (slow) import check.
 HVD_STAMP="$VENV/.horovod-ok"
-if [ "$(cat "$HVD_STAMP" 2>/dev/null)" != "$WHEEL_KEY" ] \
+if { [ "$(cat "$HVD_STAMP" 2>/dev/null)" != "$WHEEL_KEY" ] \
+     || ! "$PY" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("horovod") is None)' 2>/dev/null; } \
    && { ! "$PY" -c 'import horovod, sys; sys.exit(0 if horovod.__version__ == "'$HOROVOD_VERSION'" else 1)' 2>/dev/null \
         || ! "$PY" -c 'import horovod.torch, horovod.tensorflow' 2>/dev/null; }; then
   if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then

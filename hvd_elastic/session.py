@@ -128,6 +128,7 @@ class Session:
                 self.engine.finish()
             self.watchdog.progress()
             self.watchdog.enter("finish")     # the report's allgather
+            self.telemetry.counters.update(self.watchdog.side_channel_stats())   # noise on the side channel, if any
             self.report = finish_report(self.telemetry, self._allgather_object, self.cfg.describe(),
                                         print_on_rank0=self.cfg.report, json_path=self.cfg.report_json)
             self.watchdog.enter(self.watchdog.between)

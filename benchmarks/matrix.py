@@ -94,7 +94,7 @@ POLICIES: Dict[str, Optional[Dict[str, str]]] = {
     "wbsp-overlap": {"HVD_ELASTIC_POLICY": "wbsp", "HVD_ELASTIC_WBSP_OVERLAP": "1"},
     # A control, not a policy: plain Horovod with only the rounding of its average changed (Horovod's
     # gradient_predivide_factor 3: each gradient x 1/3 before the sum, the sum x 3/4 after; HOROVOD_FUSION_THRESHOLD=0
-    # changed nothing here: identical curves). Same algorithm, same batches: how far its time to target moves from
+    # gives identical curves here). Same algorithm, same batches: how far its time to target moves from
     # plain Horovod's is the sample path's noise, against which a policy's difference is read.
     "horovod-predivide3": {"BENCH_GRADIENT_PREDIVIDE_FACTOR": "3"},
 }
@@ -608,7 +608,7 @@ def markdown(cells: List[Dict], target: float, opts, images: List[str], img_pref
 
 
 def check_targets(cells: List[Dict], target: float, task: str = "mnist1d") -> List[str]:
-    """The issue's targets (set for task mnist1d; checked on any task, the lines say which), on the medians."""
+    """The targets (set for task mnist1d; checked on any task, the lines say which), on the medians."""
     lines = [] if task == "mnist1d" else [f"- (the targets are set for task mnist1d; this run is task {task})"]
 
     def get(fe, prof, pol):

@@ -12,9 +12,10 @@ that exits says goodbye first (at interpreter exit, before Horovod's shutdown), 
 closes without one is a rank lost (killed or crashed).
 
 The rule, checked by every rank's watchdog thread a few times a second while a training session is open:
-- a rank lost mid-training (its connection closed without goodbye), or that exited with an error, is named at once;
+- a rank lost mid-training (its connection closed without goodbye) is named at once, one that exited with an error
+  after ERROR_GRACE_S (time for this rank to print its own error first);
 - when this rank is inside the plugin (a step, finish(), a gate) and neither it nor any live rank has made progress
-  (a step, or an update applied while finishing) for HVD_ELASTIC_STALL_TIMEOUT seconds, the job is stalled. Named:
+  (a completed step, or the end of finish()) for HVD_ELASTIC_STALL_TIMEOUT seconds, the job is stalled. Named:
   the ranks whose heartbeat fell silent (a stopped process: SIGSTOP, a hung host), else the ranks whose script ended
   without finishing training, else the ranks blocked in their own code (a collective of the script's own inside a
   relaxed training loop, user code that never returns), else the ranks with the fewest steps.

@@ -42,7 +42,7 @@ _BASE = 1 << 16
 QUIET_MARGIN, QUIET_MAX_S, OVERDUE_POLL = 0.25, 0.25, 0.05
 CHUNK_WORDS, MAX_CHUNKS = 1 << 20, 4   # a streamed tick's payload: chunks of at least CHUNK_WORDS, at most MAX
 PEER_SPEED = 1.25          # a rank whose step compute time is within this factor of another's is its peer (peer
-                           # alignment in policies.py, the release's hold, join groups in join_wait_s)
+                           # alignment in policies/base.py, the release's hold, join groups in join_wait_s)
 AUTO_EXIT_SPEED = 1.5      # still_peers: the ranks stay peers until a live rank is this much slower than another
 HOLD_FRACTION = 0.5        # default release hold, a fraction of the pushers' step period (HVD_ELASTIC_PEER_WAIT)
 
@@ -138,10 +138,10 @@ def release(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> bool:
     has waited less than that window; a rank more than QUIET_MARGIN of its period past its predicted push is not due.
     Only a rank at most PEER_SPEED slower than the fastest pusher is held for
     (a peer, or a faster rank): a push is never held for a slower rank, as peer alignment never waits for one
-    (policies.py) -- under asp with a straggler due within a fast rank's window, that hold was on the fast ranks'
-    critical path (they wait for their own push). A rank held at its gate (GATED) is never due: it pushes only after
-    a tick opens its gate, so holding for it only delays that tick (under zipline, every barrier by the hold: close
-    to a step; docs/benchmarks.md)."""
+    (policies/base.py) -- under asp a hold for a straggler due within a fast rank's window would sit on the fast
+    ranks' critical path (they wait for their own push). A rank held at its gate (GATED) is never due: it pushes only
+    after a tick opens its gate, so holding for it only delays that tick (under zipline, every barrier by the hold:
+    close to a step)."""
     pending = _pending_rows(meta)
     if not pending.any():
         return False

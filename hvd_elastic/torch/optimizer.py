@@ -83,10 +83,10 @@ def _allreduce_sum(tensors, name, block=False):
 
     On the tick thread (block=False) it waits by polling with sleeps (50 us, doubling up to 1 ms), not in
     hvd.synchronize(): Horovod's wait spins (std::this_thread::yield in a loop), and a tick thread spinning while a
-    probe or a streamed chunk waits for the other ranks takes a core from the rank's own forward and backward --
-    measured on 2 cores, 10M parameters, 2 ranks: forward and backward ran twice as long as under plain Horovod, whose
-    training thread only waits after backward. The training thread running its own tick (block=True: it has nothing
-    else to do) waits in hvd.synchronize(), as under plain Horovod."""
+    probe or a streamed chunk waits for the other ranks takes a core from the rank's own forward and backward (on a
+    machine with few cores they can take up to twice as long as under plain Horovod, whose training thread only
+    waits after backward). The training thread running its own tick (block=True: it has nothing else to do) waits
+    in hvd.synchronize(), as under plain Horovod."""
     handles = [hvd.allreduce_async_(t, op=hvd.Sum, name=f"{name}.{i}") for i, t in enumerate(tensors)]
     for h in handles:
         nap = POLL_S[0]

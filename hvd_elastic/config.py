@@ -25,6 +25,7 @@ from .errors import ConfigError, install_excepthook
 
 PREFIX = "HVD_ELASTIC_"
 POLICIES = ("bsp", "asp", "ssp", "dssp", "zipline", "lbbsp", "wbsp")
+LOCKSTEP_POLICIES = ("bsp", "lbbsp")   # every rank takes every step together (the others: a sync engine)
 PREDICTORS = ("last", "median", "ewma", "arx")
 LBBSP_MODES = ("cpu", "gpu")
 TICK_PACINGS = ("probe", "join", "auto")   # engine/pacing.py implements them

@@ -11,16 +11,10 @@ script's own code, and how long ago it last made progress); the hub sends every 
 that exits says goodbye first (at interpreter exit, before Horovod's shutdown), so an authenticated connection that
 closes without one is a rank lost (killed or crashed).
 
-The rule, checked by every rank's watchdog thread a few times a second while a training session is open:
-- a rank lost mid-training (its connection closed without goodbye) is named at once, one that exited with an error
-  after ERROR_GRACE_S (time for this rank to print its own error first);
-- when this rank is inside the plugin (a step, finish(), a gate) and neither it nor any live rank has made progress
-  (a completed step, or the end of finish()) for HVD_ELASTIC_STALL_TIMEOUT seconds, the job is stalled. Named:
-  the ranks whose heartbeat fell silent (a stopped process: SIGSTOP, a hung host), else the ranks whose script ended
-  without finishing training, else the ranks blocked in their own code (a collective of the script's own inside a
-  relaxed training loop, user code that never returns), else the ranks with the fewest steps.
-The deciding rank tells the others through the hub; every live rank prints one line and exits with status 1
-(os._exit: never waiting on Horovod's shutdown of a dead collective). The launcher then ends the job.
+The rule (hvd_elastic/stall.py, a pure function of the table of ranks) is checked by every rank's watchdog thread a
+few times a second while a training session is open. The deciding rank tells the others through the hub; every live
+rank prints one line and exits with status 1 (os._exit: never waiting on Horovod's shutdown of a dead collective).
+The launcher then ends the job.
 """
 from __future__ import annotations
 
@@ -37,48 +31,11 @@ from typing import Any, Callable, Dict, List, Optional
 
 from .config import horovod_elastic
 from .sidechannel import Channel, Link, host_info
+from .stall import UNKNOWN, RankState, StallRule
 
 HEARTBEAT_S = 1.0     # heartbeat (and hub table) period
-SILENT_S = 3.0        # a heartbeat older than this (three missed) means the rank's process is not running
 CHECK_S = 0.2         # watchdog thread period
 CONNECT_S = 20.0      # how long a rank keeps trying to reach the hub at start-up
-ERROR_GRACE_S = 3.0   # after another rank exited with an error, time left for this rank to fail with its own
-
-USER = ""             # `where` of a rank running the script's own code (between steps, or outside training)
-UNKNOWN = "?"         # frontends that cannot tell (TF custom loops): counts as inside the plugin
-COLLECTIVE = "collective:"   # + Horovod name: the training thread waits in a collective of the script's own
-
-
-def collective(name: str) -> str:
-    """`where` of a rank waiting in the script's own collective `name` (hvd_elastic/torch/collectives.py)."""
-    return COLLECTIVE + name
-
-_WHERE_TEXT = {"step": "a training step", "finish": "finish()", USER: "the script's own code",
-               UNKNOWN: "its training loop"}
-
-
-def _where_text(where: str) -> str:
-    if where.startswith(COLLECTIVE):
-        return f"a Horovod collective of the script's own ({where[len(COLLECTIVE):]!r})"
-    return _WHERE_TEXT.get(where, where)
-
-
-def _ranks(qs: List[int]) -> str:
-    return ("rank " if len(qs) == 1 else "ranks ") + ", ".join(map(str, qs))
-
-
-class _Rank:
-    """What this rank knows about one rank (times are this process's time.monotonic())."""
-
-    __slots__ = ("steps", "where", "armed", "state", "heard", "progress", "error", "host", "pid")
-
-    def __init__(self, now: float):
-        self.steps, self.where, self.armed = 0, USER, False
-        self.state = "up"            # up | exited (said goodbye) | lost (connection closed without goodbye)
-        self.heard = now             # last heartbeat
-        self.progress = now          # last progress
-        self.error = ""              # exception that ended its script, if any
-        self.host, self.pid = "", 0  # where its process runs
 
 
 class Watchdog:
@@ -88,7 +45,7 @@ class Watchdog:
     def __init__(self, rank: int, size: int, timeout_s: float):
         self.rank, self.size, self.timeout_s = rank, size, timeout_s
         now = time.monotonic()
-        self.ranks = [_Rank(now) for _ in range(size)]
+        self.ranks = [RankState(now) for _ in range(size)]
         self.me = self.ranks[rank]
         self.me.host, self.me.pid = socket.gethostname(), os.getpid()
         self.sessions = 0            # open training sessions in this process: armed while > 0
@@ -98,8 +55,7 @@ class Watchdog:
         self.channel: Optional[Channel] = None   # the side channel (None: a single rank, or elastic Horovod)
         self._thread: Optional[threading.Thread] = None
         self._aborting = False
-        self._failed_seen: Optional[float] = None   # when another rank was first seen exited with an error
-        self.policy = ""             # the latest session's policy (for the advice in messages)
+        self.rule = StallRule(rank, timeout_s)   # the latest session's timeout and policy (session_started)
         self.between = UNKNOWN       # `where` between two steps (see between_steps)
 
     # ---- start-up (collective) ---------------------------------------------------------------------------------
@@ -286,97 +242,13 @@ class Watchdog:
                 if r.state == "up":
                     r.state = state
 
-    # ---- the rule ----------------------------------------------------------------------------------------------
+    # ---- the rule (stall.py) -----------------------------------------------------------------------------------
     def _check(self):
         if not self.me.armed or self._aborting:
             return
-        now = time.monotonic()
-        others = [q for q in range(self.size) if q != self.rank]
-        lost = [q for q in others if self.ranks[q].state == "lost" and self.ranks[q].armed]
-        if lost:
-            r = self.ranks[lost[0]]
-            self._abort(f"{_ranks(lost)} lost (its heartbeat connection closed without a goodbye: killed or "
-                        f"crashed; last step {r.steps}, in {_where_text(r.where)}) while {_ranks([self.rank])} is in "
-                        f"{_where_text(self.me.where)}; stopping the job")
-            return
-        failed = [q for q in others if self.ranks[q].state == "exited" and self.ranks[q].armed
-                  and self.ranks[q].error]
-        if failed:
-            # Bad input fails every rank alike, each with its own one-line error: give this rank the time to reach
-            # and print its own before stopping it on the other's account.
-            if self._failed_seen is None:
-                self._failed_seen = now
-            if now - self._failed_seen >= ERROR_GRACE_S:
-                r = self.ranks[failed[0]]
-                self._abort(f"{_ranks(failed)} exited with {r.error} during training (step {r.steps}); "
-                            f"stopping the job")
-            return
-        if self.me.where == USER or (self.me.where == UNKNOWN and self.me.steps == 0) \
-                or now - self.me.progress < self.timeout_s:
-            return    # the script's own code (or, unmarked, before the first step: loading data) is never judged
-        t = self.timeout_s
-
-        def live(q):
-            r = self.ranks[q]
-            return r.state == "up" and (self.hub_gone or now - r.heard < SILENT_S)
-
-        if any(live(q) and self.ranks[q].armed and now - self.ranks[q].progress < t for q in others):
-            return    # someone is still making progress: not a stall (yet)
-        if self.me.where.startswith(COLLECTIVE) and \
-                any(live(q) and self.ranks[q].armed and self.ranks[q].where == USER for q in others):
-            return    # waiting in the script's own collective for a rank still in the script's own code
-        suffix = f"; aborting after HVD_ELASTIC_STALL_TIMEOUT={t:g} s"
-        silent = [] if self.hub_gone else [q for q in others if self.ranks[q].state == "up" and not live(q)]
-        if self.rank != 0 and 0 in silent:
-            silent = [0]      # the hub is silent: what we know of the others is as old as its last table
-        if silent:
-            parts = [f"no heartbeat for {now - self.ranks[q].heard:.0f} s, last step {self.ranks[q].steps}"
-                     for q in silent]
-            self._abort(f"{_ranks(silent)} stopped making progress ({'; '.join(parts)})" + suffix, wake=silent)
-            return
-        ended = [q for q in others if self.ranks[q].state == "exited" and self.ranks[q].armed]
-        if ended:
-            self._abort(f"{_ranks(ended)} ended without finishing training (last step "
-                        f"{self.ranks[ended[0]].steps}) while {_ranks([self.rank])} waits in "
-                        f"{_where_text(self.me.where)}: call finish(opt) on every rank" + suffix)
-            return
-        blocked = [q for q in range(self.size) if (q == self.rank or live(q)) and self.ranks[q].armed
-                   and self.ranks[q].where.startswith(COLLECTIVE)]
-        if blocked:
-            waits = "; ".join(f"rank {q} in {self.ranks[q].where[len(COLLECTIVE):]!r} after step {self.ranks[q].steps}"
-                              for q in blocked)
-            others_at = [q for q in range(self.size) if q not in blocked and self.ranks[q].armed
-                         and (q == self.rank or live(q))]
-            where_others = "; ".join(f"rank {q} in {_where_text(self.ranks[q].where)}" for q in others_at)
-            self._abort(f"{_ranks(blocked)} blocked in a Horovod collective of the script's own ({waits})"
-                        + (f" while {where_others}" if where_others else "")
-                        + f", no rank making progress: the ranks' calls do not match (the same collectives, in the "
-                          f"same order, with the same names, on every rank)"
-                        + ("" if self.policy in ("bsp", "lbbsp") else
-                           f", or the {self.policy} policy holds a rank before the call (docs/horovod-compat.md)")
-                        + suffix)
-            return
-        outside = [q for q in others if live(q) and self.ranks[q].armed and self.ranks[q].where == USER]
-        if outside:
-            r = self.ranks[outside[0]]
-            if self.policy in ("bsp", "lbbsp"):
-                hint = ("a pause longer than the timeout (evaluation, checkpointing: raise HVD_ELASTIC_STALL_TIMEOUT) "
-                        "or code that does not return")
-            else:
-                hint = ("a Horovod collective of the script's own inside a relaxed training loop (e.g. hvd.allreduce "
-                        "between steps) deadlocks when the policy holds another rank: call it before the first step "
-                        "or after finish(opt) (docs/horovod-compat.md); else a pause longer than the timeout or code "
-                        "that does not return")
-            self._abort(f"{_ranks(outside)} stopped making progress: blocked in the script's own code for "
-                        f"{now - r.progress:.0f} s after step {r.steps} (heartbeat alive) while {_ranks([self.rank])} "
-                        f"waits in {_where_text(self.me.where)}: {hint}" + suffix)
-            return
-        armed = [q for q in range(self.size) if self.ranks[q].armed and (q == self.rank or live(q))] or [self.rank]
-        fewest = min(self.ranks[q].steps for q in armed)
-        behind = [q for q in armed if self.ranks[q].steps == fewest]
-        r = self.ranks[behind[0]]
-        self._abort(f"{_ranks(behind)} stopped making progress (heartbeat alive, in {_where_text(r.where)} for "
-                    f"{now - r.progress:.0f} s, last step {r.steps})" + suffix)
+        verdict = self.rule.verdict(self.ranks, time.monotonic(), self.hub_gone)
+        if verdict is not None:
+            self._abort(verdict.text, verdict.wake)
 
     def _abort(self, text: str, wake: List[int] = ()):
         self._aborting = True
@@ -428,7 +300,8 @@ def session_started(timeout_s: float, rank: int, size: int, allgather_object: Ca
         _WATCHDOG = wd
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=wd.forked)
-    _WATCHDOG.timeout_s, _WATCHDOG.policy = timeout_s, policy
+    _WATCHDOG.timeout_s = _WATCHDOG.rule.timeout_s = timeout_s
+    _WATCHDOG.rule.policy = policy
     _WATCHDOG.arm()
     return _WATCHDOG
 

@@ -19,7 +19,7 @@ from launch import LAUNCHERS, ROOT, command, job_env
 
 from hvd_elastic import sidechannel
 from hvd_elastic.sidechannel import Channel
-from hvd_elastic.watchdog import SILENT_S
+from hvd_elastic.stall import SILENT_S
 
 LOCAL = {"host": "h0", "addresses": ["10.0.0.1"]}
 ABORT = b'{"t": "abort", "msg": "STRANGER says: stop the job"}\n'

@@ -29,7 +29,7 @@ import torch
 from horovod.torch.optimizer import DistributedOptimizer as _HOROVOD_DISTRIBUTED_OPTIMIZER
 
 from .. import config as _config
-from .. import watchdog as _watchdog
+from .. import stall as _stall
 from ..engine.engine import Frontend, SyncEngine
 from ..engine.policies import RELAXED_POLICIES
 from ..errors import ConfigError, HvdElasticError
@@ -301,7 +301,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     """
     cfg = _config.load(policy_kwargs, hvd.allgather_object, hvd.rank(), IMPLEMENTED_POLICIES, "PyTorch")
     session = Session(cfg, hvd.rank(), hvd.size(), hvd.allgather_object, lambda: (hvd.rank(), hvd.size()))
-    session.watchdog.between_steps(_watchdog.USER)   # step() marks the steps: the script's own code between them
+    session.watchdog.between_steps(_stall.USER)   # step() marks the steps: the script's own code between them
     if cfg.policy == "bsp":
         opt = _HOROVOD_DISTRIBUTED_OPTIMIZER(
             optimizer, named_parameters=named_parameters, compression=compression,

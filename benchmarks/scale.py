@@ -1,4 +1,4 @@
-"""Model-size scale benchmark (issue: engine v2): per-step time, peak RSS and bytes reduced per rank, for plain
+"""Model-size scale benchmark: per-step time, peak RSS and bytes reduced per rank, for plain
 Horovod and every policy, homogeneous ranks, side by side in one run.
 
     python benchmarks/scale.py --sizes 1,10,30 --ranks 2,4 --repeats 2 [--json docs/bench/scale.json]

@@ -84,8 +84,7 @@ def main():
                     yield torch.as_tensor(idx)
     else:
         # A Horovod user's sampler. LbbspSampler draws the same permutation, so at equal batch sizes every policy
-        # sees the same global batches in the same order (until the twenty-first session each rank shuffled its own
-        # fixed strided shard, and lbbsp's order differed from everyone else's).
+        # sees the same global batches in the same order.
         sampler = torch.utils.data.DistributedSampler(range(len(x_tr)), num_replicas=size, rank=rank,
                                                       shuffle=True, seed=args.seed, drop_last=True)
 
@@ -137,9 +136,8 @@ def main():
         loss = F.cross_entropy(model(x_tr[idx]), y_tr[idx])
         # The emulated compute goes between forward and backward, where a slower device spends it: a gradient
         # pushed at the end of backward (the relaxed policies' default) is then as old as a real slow step's, and
-        # nothing after the push hides the tick. Until the fifteenth session the sleep came after backward, i.e.
-        # after that push (docs/benchmarks.md: asp static seed 0, straggler staleness mean 0.4 -> 3.0, fast ranks'
-        # compute share 96% -> 68%).
+        # nothing after the push hides the tick. Slept after backward, i.e. after that push, it would hide the wait
+        # for the own tick and keep a straggler's gradients as fresh as a fast rank's.
         straggler.pause(0.0, samples=len(idx))
         loss.backward()
         if telemetry is not None:

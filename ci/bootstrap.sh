@@ -11,6 +11,8 @@
 #
 # Prints the venv path as the last line on stdout ("VENV=<path>").
 set -euo pipefail
+# TensorFlow's own logging setting: its start-up lines (CPU features, oneDNN) are INFO; warnings and errors stay.
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-1}"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${HVD_ELASTIC_CACHE:-$HOME/.cache/hvd-elastic}"
@@ -54,13 +56,18 @@ if [ ! -e "$STAMP" ] || ! cmp -s "$REQ" "$STAMP"; then
 fi
 
 # --- 3. Horovod 0.28.1 from source, cached as a wheel. ---------------------------------------------------------------
-TORCH_V="$("$PY" -c 'import torch; print(torch.__version__)')"
-TF_V="$("$PY" -c 'import importlib.metadata as m; print(m.version("tensorflow-cpu"))')"
+# Versions from the packages' metadata (importing torch and TensorFlow here would cost seconds on every call).
+read -r TORCH_V TF_V PY_V < <("$PY" -c 'import importlib.metadata as m, sys
+print(m.version("torch"), m.version("tensorflow-cpu"), "%d%d" % sys.version_info[:2])')
 MPI_V="$(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}')"
-WHEEL_KEY="hvd${HOROVOD_VERSION}-torch${TORCH_V}-tf${TF_V}-ompi${MPI_V}-py$("$PY" -c 'import sys; print("%d%d" % sys.version_info[:2])')"
+WHEEL_KEY="hvd${HOROVOD_VERSION}-torch${TORCH_V}-tf${TF_V}-ompi${MPI_V}-py${PY_V}"
 WHEEL_DIR="$CACHE/wheels/$WHEEL_KEY"
-if ! "$PY" -c 'import horovod, sys; sys.exit(0 if horovod.__version__ == "'$HOROVOD_VERSION'" else 1)' 2>/dev/null \
-   || ! "$PY" -c 'import horovod.torch, horovod.tensorflow' 2>/dev/null; then
+# A stamp written once this Horovod imported with both frameworks: later calls skip the (slow) import check.
+HVD_STAMP="$VENV/.horovod-ok"
+if { [ "$(cat "$HVD_STAMP" 2>/dev/null)" != "$WHEEL_KEY" ] \
+     || ! "$PY" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("horovod") is None)' 2>/dev/null; } \
+   && { ! "$PY" -c 'import horovod, sys; sys.exit(0 if horovod.__version__ == "'$HOROVOD_VERSION'" else 1)' 2>/dev/null \
+        || ! "$PY" -c 'import horovod.torch, horovod.tensorflow' 2>/dev/null; }; then
   if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
     log "building Horovod $HOROVOD_VERSION wheel (a few minutes; cached in $WHEEL_DIR)"
     BUILD="$(mktemp -d)"
@@ -89,6 +96,7 @@ if ! "$PY" -c 'import horovod, sys; sys.exit(0 if horovod.__version__ == "'$HORO
   "$PY" -m pip install -q --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl 2>&1 | grep -v "^WARNING: Location" >&2 || true
   "$PY" -c "import horovod.torch, horovod.tensorflow" || { log "Horovod did not install"; exit 1; }
 fi
+echo "$WHEEL_KEY" > "$HVD_STAMP"
 
 # --- 4. hvd-elastic itself (editable; compiles native/ into hvd_elastic._native). ------------------------------------
 # Skipped when this checkout's compiled module is newer than every native source, setup.py and pyproject.toml, and

@@ -5,3 +5,5 @@ _HVDE_VENV_LINE="$(bash "$_HVDE_ROOT/ci/bootstrap.sh" | tail -1)" || { echo "boo
 export HVDE_VENV="${_HVDE_VENV_LINE#VENV=}"
 export PATH="$HVDE_VENV/bin:$PATH"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# TensorFlow's own logging setting: its start-up lines (CPU features, oneDNN) are INFO; warnings and errors stay.
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-1}"

@@ -25,9 +25,10 @@ from .errors import ConfigError, install_excepthook
 
 PREFIX = "HVD_ELASTIC_"
 POLICIES = ("bsp", "asp", "ssp", "dssp", "zipline", "lbbsp", "wbsp")
+LOCKSTEP_POLICIES = ("bsp", "lbbsp")   # every rank takes every step together (the others: a sync engine)
 PREDICTORS = ("last", "median", "ewma", "arx")
 LBBSP_MODES = ("cpu", "gpu")
-TICK_PACINGS = ("probe", "join", "auto")   # engine/ticker.py runs them
+TICK_PACINGS = ("probe", "join", "auto")   # engine/pacing.py implements them
 SUMMARY_MAX = 100   # characters of a Knob's summary: one short line of the README's table
 # Variables with the prefix that configure tooling (ci/bootstrap.sh), not a run; accepted and ignored here.
 TOOLING_VARIABLES = ("CACHE", "VENV")

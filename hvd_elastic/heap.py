@@ -2,13 +2,11 @@
 
 A training step frees and re-allocates the same large blocks every step (``zero_grad()`` drops the gradients,
 backward allocates new ones). glibc returns the freed top of its heap to the system when it exceeds a threshold
-that it adapts at run time, and the next step's allocations fault every page back in. Under plain Horovod on this
-project's 2-core test machine that happened rarely; under asp it happened every step (which allocation pattern of
-the relaxed step makes the difference was not pinned down): measured with 10M parameters on 2 ranks, 4x the page
-faults of plain Horovod and backward taking 43 ms instead of 23 ms (``docs/benchmarks.md``). Fixing both
-thresholds (mmap above 32 MiB only, trim above 1 GiB only) keeps the freed blocks in the heap, as
-``MALLOC_TRIM_THRESHOLD_`` / ``MALLOC_MMAP_THRESHOLD_`` would: the process's peak memory is unchanged, but memory
-it frees is no longer given back to the system while it runs.
+that it adapts at run time, and the next step's allocations fault every page back in. Under plain Horovod that is
+rare; the relaxed step's allocation pattern can trigger it every step, and the page faults then make forward and
+backward markedly slower (measured: docs/benchmarks.md). Fixing both thresholds (mmap above 32 MiB only, trim
+above 1 GiB only) keeps the freed blocks in the heap, as ``MALLOC_TRIM_THRESHOLD_`` / ``MALLOC_MMAP_THRESHOLD_``
+would: the process's peak memory is unchanged, and memory it frees stays with the process while it runs.
 """
 from __future__ import annotations
 

@@ -186,8 +186,8 @@ class LbbspController:
         step_ns, samples = meta[:, 0], meta[:, 1]
         if self.steps == 0 or meta[:, 2].any():
             # The first step's time includes each rank's start-up since the optimizer was built, and the first step
-            # of a pass over the data the framework's epoch-boundary work (measured: 0.1-0.25 s under Keras with 4
-            # ranks on 2 cores, uneven across ranks): not a speed.
+            # of a pass over the data the framework's epoch-boundary work (a tenth of a second or more under Keras,
+            # uneven across ranks): not a speed.
             new = self.sizes
         elif self.mode == "gpu":
             self.window_times.append(step_ns.copy())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from . import stall as _stall
 from . import watchdog as _watchdog
 from .config import Config
 from .emulation import Straggler
@@ -37,7 +38,7 @@ class Session:
         # watchdog.enter() (else the rank counts as inside its training loop).
         self.watchdog = _watchdog.session_started(cfg.stall_timeout, rank, size, allgather_object,
                                                   cfg.policy)
-        self.watchdog.between_steps(_watchdog.UNKNOWN)
+        self.watchdog.between_steps(_stall.UNKNOWN)
         self.telemetry.on_step = self.watchdog.step_done
 
     def start_engine(self, frontend: Frontend) -> SyncEngine:
@@ -128,6 +129,7 @@ class Session:
                 self.engine.finish()
             self.watchdog.progress()
             self.watchdog.enter("finish")     # the report's allgather
+            self.telemetry.counters.update(self.watchdog.side_channel_stats())   # noise on the side channel, if any
             self.report = finish_report(self.telemetry, self._allgather_object, self.cfg.describe(),
                                         print_on_rank0=self.cfg.report, json_path=self.cfg.report_json)
             self.watchdog.enter(self.watchdog.between)

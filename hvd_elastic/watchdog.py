@@ -1,30 +1,27 @@
 """Faults: per-rank heartbeats over a side channel, and the one stall rule of every policy (docs/design.md, "Faults").
 
-Once a rank is stuck, Horovod's collectives cannot carry anything, so the ranks watch each other over a channel of
-their own: at start-up (while collectives still work) one allgather tells every rank the address of rank 0's
-heartbeat hub (a TCP server in a daemon thread); every other rank connects to it. Each second a rank sends its
-heartbeat (steps done, where it is: a training step, finish(), the policy's gate, or the script's own code, and how
-long ago it last made progress); the hub sends every rank the table of all ranks. A rank that exits says goodbye
-first (at interpreter exit, before Horovod's shutdown), so a connection that closes without one is a rank lost
-(killed or crashed).
+Once a rank is stuck, Horovod's collectives cannot carry anything, so the ranks watch each other over a side channel
+of their own (hvd_elastic/sidechannel.py): at start-up, while collectives still work, two allgathers tell rank 0
+where every rank runs (so that its heartbeat hub, a TCP server in a daemon thread, listens only where they need it:
+127.0.0.1 when they all share its host) and hand every rank the hub's address and a fresh per-job secret; every
+other rank connects and authenticates with it (HMAC-SHA256). Only the job's ranks hold the secret: whatever else
+reaches the port is dropped as noise and counted (the end-of-run report's side_channel_dropped), never obeyed. Each
+second a rank sends its heartbeat (steps done, where it is: a training step, finish(), the policy's gate, or the
+script's own code, and how long ago it last made progress); the hub sends every rank the table of all ranks. A rank
+that exits says goodbye first (at interpreter exit, before Horovod's shutdown), so an authenticated connection that
+closes without one is a rank lost (killed or crashed).
 
-The rule, checked by every rank's watchdog thread a few times a second while a training session is open:
-- a rank lost mid-training (its connection closed without goodbye), or that exited with an error, is named at once;
-- when this rank is inside the plugin (a step, finish(), a gate) and neither it nor any live rank has made progress
-  (a step, or an update applied while finishing) for HVD_ELASTIC_STALL_TIMEOUT seconds, the job is stalled. Named:
-  the ranks whose heartbeat fell silent (a stopped process: SIGSTOP, a hung host), else the ranks whose script ended
-  without finishing training, else the ranks blocked in their own code (a collective of the script's own inside a
-  relaxed training loop, user code that never returns), else the ranks with the fewest steps.
-The deciding rank tells the others through the hub; every live rank prints one line and exits with status 1
-(os._exit: never waiting on Horovod's shutdown of a dead collective). The launcher then ends the job.
+The rule (hvd_elastic/stall.py, a pure function of the table of ranks) is checked by every rank's watchdog thread a
+few times a second while a training session is open. The deciding rank tells the others through the hub; every live
+rank prints one line and exits with status 1 (os._exit: never waiting on Horovod's shutdown of a dead collective).
+The launcher then ends the job.
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
-import select
+import secrets
 import signal
 import socket
 import sys
@@ -33,48 +30,12 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from .config import horovod_elastic
+from .sidechannel import Channel, Link, host_info
+from .stall import UNKNOWN, RankState, StallRule
 
 HEARTBEAT_S = 1.0     # heartbeat (and hub table) period
-SILENT_S = 3.0        # a heartbeat older than this (three missed) means the rank's process is not running
 CHECK_S = 0.2         # watchdog thread period
 CONNECT_S = 20.0      # how long a rank keeps trying to reach the hub at start-up
-ERROR_GRACE_S = 3.0   # after another rank exited with an error, time left for this rank to fail with its own
-
-USER = ""             # `where` of a rank running the script's own code (between steps, or outside training)
-UNKNOWN = "?"         # frontends that cannot tell (TF custom loops): counts as inside the plugin
-COLLECTIVE = "collective:"   # + Horovod name: the training thread waits in a collective of the script's own
-
-
-def collective(name: str) -> str:
-    """`where` of a rank waiting in the script's own collective `name` (hvd_elastic/torch/collectives.py)."""
-    return COLLECTIVE + name
-
-_WHERE_TEXT = {"step": "a training step", "finish": "finish()", USER: "the script's own code",
-               UNKNOWN: "its training loop"}
-
-
-def _where_text(where: str) -> str:
-    if where.startswith(COLLECTIVE):
-        return f"a Horovod collective of the script's own ({where[len(COLLECTIVE):]!r})"
-    return _WHERE_TEXT.get(where, where)
-
-
-def _ranks(qs: List[int]) -> str:
-    return ("rank " if len(qs) == 1 else "ranks ") + ", ".join(map(str, qs))
-
-
-class _Rank:
-    """What this rank knows about one rank (times are this process's time.monotonic())."""
-
-    __slots__ = ("steps", "where", "armed", "state", "heard", "progress", "error", "host", "pid")
-
-    def __init__(self, now: float):
-        self.steps, self.where, self.armed = 0, USER, False
-        self.state = "up"            # up | exited (said goodbye) | lost (connection closed without goodbye)
-        self.heard = now             # last heartbeat
-        self.progress = now          # last progress
-        self.error = ""              # exception that ended its script, if any
-        self.host, self.pid = "", 0  # where its process runs
 
 
 class Watchdog:
@@ -84,59 +45,56 @@ class Watchdog:
     def __init__(self, rank: int, size: int, timeout_s: float):
         self.rank, self.size, self.timeout_s = rank, size, timeout_s
         now = time.monotonic()
-        self.ranks = [_Rank(now) for _ in range(size)]
+        self.ranks = [RankState(now) for _ in range(size)]
         self.me = self.ranks[rank]
         self.me.host, self.me.pid = socket.gethostname(), os.getpid()
         self.sessions = 0            # open training sessions in this process: armed while > 0
         self.hub_gone = False        # rank 0 said goodbye: the others' rows are no longer updated
         self.detached = False        # no side channel (could not reach the hub): own progress only
-        self._send_lock = threading.Lock()
         self._stop = threading.Event()
-        self._listener: Optional[socket.socket] = None
-        self._hub: Optional[socket.socket] = None                  # peers: the connection to rank 0
-        self._peers: Dict[socket.socket, Optional[int]] = {}       # hub: connection -> rank (None until hello)
-        self._buffers: Dict[socket.socket, bytes] = {}
+        self.channel: Optional[Channel] = None   # the side channel (None: a single rank, or elastic Horovod)
         self._thread: Optional[threading.Thread] = None
         self._aborting = False
-        self._failed_seen: Optional[float] = None   # when another rank was first seen exited with an error
-        self.policy = ""             # the latest session's policy (for the advice in messages)
+        self.rule = StallRule(rank, timeout_s)   # the latest session's timeout and policy (session_started)
         self.between = UNKNOWN       # `where` between two steps (see between_steps)
 
     # ---- start-up (collective) ---------------------------------------------------------------------------------
     def start(self, allgather_object: Callable[[Any], list]):
-        mine: Dict[str, Any] = {}   # the same type on every rank: Horovod names allgather_object by the type
-        if self.rank == 0 and self.size > 1:
-            self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._listener.bind(("0.0.0.0", 0))
-            self._listener.listen(min(self.size, 4096))
-            mine = {"host": socket.gethostname(), "addresses": _addresses(), "port": self._listener.getsockname()[1]}
-        hub = allgather_object(mine)[0]
-        if self.rank != 0 and hub:
-            self._connect(hub["host"], hub["addresses"], hub["port"])
+        """Collective (two allgathers, the same calls on every rank: Horovod names allgather_object by the object's
+        type): where every rank runs, so that rank 0 listens only where the ranks need it; then the hub's endpoints
+        and the job's secret, which only Horovod's own channel carries."""
+        if self.size > 1:
+            hosts = allgather_object(host_info())
+            mine: Dict[str, Any] = {}
+            if self.rank == 0:
+                self.channel = Channel(0, self.size, secrets.token_bytes(32))
+                mine = {"endpoints": self.channel.listen(hosts), "secret": self.channel.secret}
+            hub = allgather_object(mine)[0]
+            if self.rank != 0:
+                self.channel = Channel(self.rank, self.size, hub["secret"])
+                self._connect(hub["endpoints"])
         self._thread = threading.Thread(target=self._run, name=f"hvd_elastic-watchdog-{self.rank}", daemon=True)
         self._thread.start()
         atexit.register(self.goodbye)
 
-    def _connect(self, hostname: str, addresses: List[str], port: int):
-        order = (["127.0.0.1"] if hostname == socket.gethostname() else []) + addresses
-        deadline, err = time.monotonic() + CONNECT_S, None
-        while time.monotonic() < deadline:
-            for host in order:
-                try:
-                    s = socket.create_connection((host, port), timeout=2.0)
-                    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    self._hub = s
-                    self._buffers[s] = b""
-                    self._send(s, self._heartbeat())
-                    return
-                except OSError as e:
-                    err = e
-            time.sleep(0.5)
+    def _connect(self, endpoints: List[list]):
+        link, err = self.channel.connect(endpoints, time.monotonic() + CONNECT_S)
+        if link is not None:
+            self._send_state()
+            return
         self.detached = True
+        where = ", ".join(f"{host}:{port}" for host, port in endpoints)
         sys.stderr.write(f"hvd_elastic: warning: rank {self.rank} cannot reach rank 0's heartbeat service at "
-                         f"{hostname}:{port} ({err}); stall detection on this rank uses its own progress only\n")
+                         f"{where} ({err}); stall detection on this rank uses its own progress only\n")
         sys.stderr.flush()
+
+    def side_channel_stats(self) -> Dict[str, Any]:
+        """For the end-of-run report, when the side channel dropped noise: how much, and the longest gap between
+        two messages of a rank (whether the noise delayed the heartbeats)."""
+        if self.channel is None or not self.channel.dropped:
+            return {}
+        return {"side_channel_dropped": self.channel.dropped,
+                "side_channel_max_gap_s": round(self.channel.max_gap, 2)}
 
     # ---- training thread ---------------------------------------------------------------------------------------
     def enter(self, where: str):
@@ -192,11 +150,8 @@ class Watchdog:
         """In a forked child (a DataLoader worker): drop the parent's connections, so that they close when the
         parent dies, and watch nothing (the daemon thread does not exist in the child)."""
         self._stop.set()
-        for s in [self._listener, self._hub, *self._peers]:
-            if s is not None:
-                with contextlib.suppress(OSError):
-                    s.close()
-        self._peers, self._hub, self._listener = {}, None, None
+        if self.channel is not None:
+            self.channel.close_all()
 
     # ---- messages ----------------------------------------------------------------------------------------------
     def _heartbeat(self) -> dict:
@@ -209,129 +164,75 @@ class Watchdog:
         return {"t": "table", "rows": [[q.steps, q.where, q.armed, q.state, now - q.heard, now - q.progress, q.error,
                                         q.host, q.pid] for q in self.ranks]}
 
-    def _send(self, sock: socket.socket, msg: dict) -> bool:
-        data = (json.dumps(msg) + "\n").encode()
-        try:
-            with self._send_lock:
-                sock.sendall(data)
-            return True
-        except OSError:
-            return False
-
     def _send_state(self):
-        """Send this rank's state now (not at the next heartbeat): a state change that comes before an exit."""
-        if self.rank == 0:
-            self.me.heard = time.monotonic()
-            table = self._table()
-            for s in self._peer_sockets():
-                self._send(s, table)
-        elif self._hub is not None:
-            self._send(self._hub, self._heartbeat())
+        """Send this rank's state now (also called at every heartbeat): the hub's table to every rank, or this
+        rank's heartbeat to the hub. Also from the training thread: a state change that comes before an exit."""
+        self.me.heard = time.monotonic()
+        if self.channel is not None:
+            self._send_all(self._table() if self.rank == 0 else self._heartbeat())
 
-    def _peer_sockets(self) -> List[socket.socket]:
-        for _ in range(3):     # the daemon thread may add one meanwhile
-            try:
-                return list(self._peers)
-            except RuntimeError:
-                pass
-        return []
+    def _send_all(self, msg: dict, but: Optional[Link] = None):
+        for link in self.channel.links:      # the hub: every rank; a rank: the hub
+            if link is not but:
+                self.channel.send(link, msg)
 
     # ---- daemon thread -----------------------------------------------------------------------------------------
     def _run(self):
         next_beat = 0.0
         while not self._stop.is_set():
-            socks = (([self._listener] if self._listener else []) + list(self._peers)
-                     + ([self._hub] if self._hub else []))
-            try:
-                readable = select.select(socks, [], [], CHECK_S)[0] if socks else []
-                if not socks:
-                    time.sleep(CHECK_S)
-            except (OSError, ValueError):
-                readable = []
-            for s in readable:
-                if s is self._listener:
-                    self._accept()
-                else:
-                    self._read(s)
+            if self.channel is None:
+                time.sleep(CHECK_S)
+            for link, msg in (self.channel.poll(CHECK_S) if self.channel is not None else []):
+                if msg is None:
+                    self._closed(link)
+                    continue
+                try:
+                    self._message(link, msg)
+                except (KeyError, TypeError, ValueError, IndexError):   # authenticated, yet malformed: dropped
+                    self.channel.dropped += 1
             now = time.monotonic()
             if now >= next_beat:
                 next_beat = now + HEARTBEAT_S
-                self.me.heard = now
-                if self.rank == 0:
-                    table = self._table()
-                    for s in list(self._peers):
-                        self._send(s, table)
-                elif self._hub is not None:
-                    self._send(self._hub, self._heartbeat())
+                self._send_state()
             if not self._stop.is_set():
                 self._check()
 
-    def _accept(self):
-        try:
-            s, _ = self._listener.accept()
-        except OSError:
-            return
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._peers[s] = None
-        self._buffers[s] = b""
-
-    def _read(self, s: socket.socket):
-        try:
-            data = s.recv(65536)
-        except OSError:
-            data = b""
-        if not data:
-            self._closed(s)
-            return
-        buf = self._buffers.get(s, b"") + data
-        *lines, self._buffers[s] = buf.split(b"\n")
-        for line in lines:
-            if line:
-                try:
-                    msg = json.loads(line)
-                except ValueError:
-                    continue
-                self._message(s, msg)
-
-    def _closed(self, s: socket.socket):
-        """A connection closed: without a goodbye, that rank is lost (killed, crashed, or its host went away)."""
-        with contextlib.suppress(OSError):
-            s.close()
-        self._buffers.pop(s, None)
-        if s is self._hub:
-            self._hub = None
+    def _closed(self, link: Link):
+        """An authenticated connection closed: without a goodbye, that rank is lost (killed, crashed, or its host
+        went away)."""
+        if self.rank != 0:      # the connection to the hub
             if self.ranks[0].state == "up":
                 self.ranks[0].state = "lost"
             else:
                 self.hub_gone = True
             return
-        q = self._peers.pop(s, None)
-        if q is not None and self.ranks[q].state == "up":
+        q = link.rank
+        if link.seen == 0:        # closed before its first heartbeat: a handshake that gave up (the rank retries)
+            return
+        if self.ranks[q].state == "up":
             self.ranks[q].state = "lost"
             if self.me.armed:
                 self._check()     # at once: under mpirun the launcher tears the job down within milliseconds
             self._send_state()
 
-    def _message(self, s: socket.socket, msg: dict):
+    def _message(self, link: Link, msg: dict):
+        """A message of an authenticated rank (the channel passes only the types this side may receive)."""
         now = time.monotonic()
-        kind = msg.get("t")
+        kind = msg["t"]
         if kind == "abort":
+            text = str(msg["msg"])
             if self.rank == 0:        # forward to everyone else first
-                for p in list(self._peers):
-                    if p is not s:
-                        self._send(p, msg)
-            self._die(msg["msg"])
-        elif kind == "hb" and self.rank == 0:
-            q = int(msg["r"])
-            self._peers[s] = q
-            r = self.ranks[q]
+                self._send_all({"t": "abort", "msg": text}, but=link)
+            self._die(text)
+        elif kind == "hb":            # the hub, from the rank that authenticated on this connection
+            r = self.ranks[link.rank]
             r.steps, r.where, r.armed, r.error, r.heard = msg["s"], msg["w"], msg["a"], msg["e"], now
             r.host, r.pid = msg["h"], msg["p"]
             r.progress = now - float(msg["pa"])
             if msg["st"] == "exited" and r.state == "up":
                 r.state = "exited"
                 self._send_state()
-        elif kind == "table" and self.rank != 0:
+        elif kind == "table":
             for q, (steps, where, armed, state, heard_age, progress_age, error, host, pid) in enumerate(msg["rows"]):
                 if q == self.rank:
                     continue
@@ -341,107 +242,19 @@ class Watchdog:
                 if r.state == "up":
                     r.state = state
 
-    # ---- the rule ----------------------------------------------------------------------------------------------
+    # ---- the rule (stall.py) -----------------------------------------------------------------------------------
     def _check(self):
         if not self.me.armed or self._aborting:
             return
-        now = time.monotonic()
-        others = [q for q in range(self.size) if q != self.rank]
-        lost = [q for q in others if self.ranks[q].state == "lost" and self.ranks[q].armed]
-        if lost:
-            r = self.ranks[lost[0]]
-            self._abort(f"{_ranks(lost)} lost (its heartbeat connection closed without a goodbye: killed or "
-                        f"crashed; last step {r.steps}, in {_where_text(r.where)}) while {_ranks([self.rank])} is in "
-                        f"{_where_text(self.me.where)}; stopping the job")
-            return
-        failed = [q for q in others if self.ranks[q].state == "exited" and self.ranks[q].armed
-                  and self.ranks[q].error]
-        if failed:
-            # Bad input fails every rank alike, each with its own one-line error: give this rank the time to reach
-            # and print its own before stopping it on the other's account.
-            if self._failed_seen is None:
-                self._failed_seen = now
-            if now - self._failed_seen >= ERROR_GRACE_S:
-                r = self.ranks[failed[0]]
-                self._abort(f"{_ranks(failed)} exited with {r.error} during training (step {r.steps}); "
-                            f"stopping the job")
-            return
-        if self.me.where == USER or (self.me.where == UNKNOWN and self.me.steps == 0) \
-                or now - self.me.progress < self.timeout_s:
-            return    # the script's own code (or, unmarked, before the first step: loading data) is never judged
-        t = self.timeout_s
-
-        def live(q):
-            r = self.ranks[q]
-            return r.state == "up" and (self.hub_gone or now - r.heard < SILENT_S)
-
-        if any(live(q) and self.ranks[q].armed and now - self.ranks[q].progress < t for q in others):
-            return    # someone is still making progress: not a stall (yet)
-        if self.me.where.startswith(COLLECTIVE) and \
-                any(live(q) and self.ranks[q].armed and self.ranks[q].where == USER for q in others):
-            return    # waiting in the script's own collective for a rank still in the script's own code
-        suffix = f"; aborting after HVD_ELASTIC_STALL_TIMEOUT={t:g} s"
-        silent = [] if self.hub_gone else [q for q in others if self.ranks[q].state == "up" and not live(q)]
-        if self.rank != 0 and 0 in silent:
-            silent = [0]      # the hub is silent: what we know of the others is as old as its last table
-        if silent:
-            parts = [f"no heartbeat for {now - self.ranks[q].heard:.0f} s, last step {self.ranks[q].steps}"
-                     for q in silent]
-            self._abort(f"{_ranks(silent)} stopped making progress ({'; '.join(parts)})" + suffix, wake=silent)
-            return
-        ended = [q for q in others if self.ranks[q].state == "exited" and self.ranks[q].armed]
-        if ended:
-            self._abort(f"{_ranks(ended)} ended without finishing training (last step "
-                        f"{self.ranks[ended[0]].steps}) while {_ranks([self.rank])} waits in "
-                        f"{_where_text(self.me.where)}: call finish(opt) on every rank" + suffix)
-            return
-        blocked = [q for q in range(self.size) if (q == self.rank or live(q)) and self.ranks[q].armed
-                   and self.ranks[q].where.startswith(COLLECTIVE)]
-        if blocked:
-            waits = "; ".join(f"rank {q} in {self.ranks[q].where[len(COLLECTIVE):]!r} after step {self.ranks[q].steps}"
-                              for q in blocked)
-            others_at = [q for q in range(self.size) if q not in blocked and self.ranks[q].armed
-                         and (q == self.rank or live(q))]
-            where_others = "; ".join(f"rank {q} in {_where_text(self.ranks[q].where)}" for q in others_at)
-            self._abort(f"{_ranks(blocked)} blocked in a Horovod collective of the script's own ({waits})"
-                        + (f" while {where_others}" if where_others else "")
-                        + f", no rank making progress: the ranks' calls do not match (the same collectives, in the "
-                          f"same order, with the same names, on every rank)"
-                        + ("" if self.policy in ("bsp", "lbbsp") else
-                           f", or the {self.policy} policy holds a rank before the call (docs/horovod-compat.md)")
-                        + suffix)
-            return
-        outside = [q for q in others if live(q) and self.ranks[q].armed and self.ranks[q].where == USER]
-        if outside:
-            r = self.ranks[outside[0]]
-            if self.policy in ("bsp", "lbbsp"):
-                hint = ("a pause longer than the timeout (evaluation, checkpointing: raise HVD_ELASTIC_STALL_TIMEOUT) "
-                        "or code that does not return")
-            else:
-                hint = ("a Horovod collective of the script's own inside a relaxed training loop (e.g. hvd.allreduce "
-                        "between steps) deadlocks when the policy holds another rank: call it before the first step "
-                        "or after finish(opt) (docs/horovod-compat.md); else a pause longer than the timeout or code "
-                        "that does not return")
-            self._abort(f"{_ranks(outside)} stopped making progress: blocked in the script's own code for "
-                        f"{now - r.progress:.0f} s after step {r.steps} (heartbeat alive) while {_ranks([self.rank])} "
-                        f"waits in {_where_text(self.me.where)}: {hint}" + suffix)
-            return
-        armed = [q for q in range(self.size) if self.ranks[q].armed and (q == self.rank or live(q))] or [self.rank]
-        fewest = min(self.ranks[q].steps for q in armed)
-        behind = [q for q in armed if self.ranks[q].steps == fewest]
-        r = self.ranks[behind[0]]
-        self._abort(f"{_ranks(behind)} stopped making progress (heartbeat alive, in {_where_text(r.where)} for "
-                    f"{now - r.progress:.0f} s, last step {r.steps})" + suffix)
+        verdict = self.rule.verdict(self.ranks, time.monotonic(), self.hub_gone)
+        if verdict is not None:
+            self._abort(verdict.text, verdict.wake)
 
     def _abort(self, text: str, wake: List[int] = ()):
         self._aborting = True
         self._say(text)           # first: a launcher that saw a rank die may kill this process any moment
-        msg = {"t": "abort", "msg": f"{text} [seen by rank {self.rank}]"}
-        if self.rank == 0:
-            for s in list(self._peers):
-                self._send(s, msg)
-        elif self._hub is not None:
-            self._send(self._hub, msg)
+        if self.channel is not None:
+            self._send_all({"t": "abort", "msg": f"{text} [seen by rank {self.rank}]"})
         # A silent rank on this host may be a stopped process (SIGSTOP): resume it, so that it reads the abort (or
         # the launcher's SIGTERM, which a stopped process does not act on) and the job ends now, not after the
         # launcher's kill grace (horovodrun: about 10 s). Ranks on other hosts are left to the launcher.
@@ -466,20 +279,6 @@ class Watchdog:
         os._exit(1)
 
 
-def _addresses() -> List[str]:
-    """IPv4 addresses this host may be reached at (rank 0's), best guess first."""
-    out: List[str] = []
-    with contextlib.suppress(OSError):
-        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        probe.connect(("10.255.255.255", 1))    # no packet is sent: picks the interface of the default route
-        out.append(probe.getsockname()[0])
-        probe.close()
-    with contextlib.suppress(OSError):
-        out += [ai[4][0] for ai in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)]
-    out.append("127.0.0.1")
-    return list(dict.fromkeys(out))
-
-
 # ---- the process's watchdog ----------------------------------------------------------------------------------------
 _WATCHDOG: Optional[Watchdog] = None
 
@@ -501,7 +300,8 @@ def session_started(timeout_s: float, rank: int, size: int, allgather_object: Ca
         _WATCHDOG = wd
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=wd.forked)
-    _WATCHDOG.timeout_s, _WATCHDOG.policy = timeout_s, policy
+    _WATCHDOG.timeout_s = _WATCHDOG.rule.timeout_s = timeout_s
+    _WATCHDOG.rule.policy = policy
     _WATCHDOG.arm()
     return _WATCHDOG
 

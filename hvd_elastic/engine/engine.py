@@ -120,6 +120,7 @@ class SyncEngine:
         self._wait_at_gate()
         with self.telemetry.span("compute"):
             self._proceed()
+        self.ticker.resumed()
 
     def push(self, accumulate: Optional[Callable[[Any, float], None]], interval_s: float):
         """Hand this step's update to the next tick (the first half of :meth:`step`; a frontend may call it as soon

@@ -127,7 +127,7 @@ class TickLoop:
             while not (h.wake or self.row.finished or self.row.pending_count or h.stopped):
                 meta = h.last_meta
                 wait = None if meta is None else \
-                    self.pacing.join_wait_s(self.row.live(meta), self.rank, self.row.now_ns())
+                    self.pacing.join_wait_s(self.row.live(meta), self.rank, self.row.now_ns(), self.row.own_due_ns())
                 left = (deadline - time.monotonic()) if wait is None else wait
                 if left <= 0:
                     return

@@ -129,12 +129,13 @@ class JoinPacing:
         """Without a prediction (join_wait_s None), the thread joins tick_s pacing's next tick."""
         return last + self.backoff.idle_s
 
-    def join_wait_s(self, meta: np.ndarray, rank: int, now_ns: int) -> Optional[float]:
+    def join_wait_s(self, meta: np.ndarray, rank: int, now_ns: int, own_due_ns: Optional[int] = None
+                    ) -> Optional[float]:
         """How long this rank's thread waits before it joins the next tick (table.join_wait_s), from the last table
-        with this rank's own row as it stands now."""
+        with this rank's own row as it stands now, and its own next push as its current step predicts it."""
         hold, speed = (self.hold_fraction * AUTO_JOIN_HOLD, AUTO_EXIT_SPEED) if self.wide \
             else (self.hold_fraction, PEER_SPEED)
-        return join_wait_s(meta, rank, now_ns, hold, speed)
+        return join_wait_s(meta, rank, now_ns, hold, speed, own_due_ns)
 
     def pace(self, meta: np.ndarray, active: bool):
         self.backoff.after(active)
@@ -166,8 +167,9 @@ class AutoPacing:
     def deadline(self, last: float) -> float:
         return self._current.deadline(last)
 
-    def join_wait_s(self, meta: np.ndarray, rank: int, now_ns: int) -> Optional[float]:
-        return self.join_pacing.join_wait_s(meta, rank, now_ns)
+    def join_wait_s(self, meta: np.ndarray, rank: int, now_ns: int, own_due_ns: Optional[int] = None
+                    ) -> Optional[float]:
+        return self.join_pacing.join_wait_s(meta, rank, now_ns, own_due_ns)
 
     def observe(self, meta: np.ndarray, full: bool, total: int, active: bool):
         self.probe_pacing.record(meta, full, total)

@@ -28,6 +28,7 @@ class OwnRow:
         self.finished = False          # finish() was called
         self.gated = False             # the training thread is held at its gate (GATED)
         self.outside = False           # the training thread waits in a collective of the script's own (OUTSIDE)
+        self.resumed_ns = -1           # when the training thread last started a step (after its gate opened)
         self._push_times: Deque[float] = collections.deque()   # perf_counter of own pushes not delivered yet
         self.delivered_clock = 0       # own pushes that are inside a completed tick
         self.push_latency_s = 0.0      # push -> delivered in a completed tick, moving average
@@ -83,6 +84,15 @@ class OwnRow:
         meta[self.rank, [LAST_PUSH_NS, INTERVAL_NS, PERIOD_NS, GATED]] = \
             (self.last_push_ns, self.interval_ns, self.period_ns, int(self.gated or self.outside))
         return meta
+
+    def own_due_ns(self) -> Optional[int]:
+        """This rank's next push as its current step predicts it: the step's start plus the step compute time the
+        last push reported. None before a step started after the last push (the table's last push + period, which
+        also counts waiting, is then the prediction). Unlike the period it follows a step that started late (a slow
+        tick delays the whole round) and is wrong by the step's own jitter only."""
+        if self.resumed_ns <= self.last_push_ns or self.interval_ns <= 0:
+            return None
+        return self.resumed_ns + self.interval_ns
 
     def delivered(self, clock: int):
         """A completed tick's CLOCK for this row: own pushes up to `clock` are delivered."""

@@ -42,7 +42,7 @@ _BASE = 1 << 16
 QUIET_MARGIN, QUIET_MAX_S, OVERDUE_POLL = 0.25, 0.25, 0.05
 CHUNK_WORDS, MAX_CHUNKS = 1 << 20, 4   # a streamed tick's payload: chunks of at least CHUNK_WORDS, at most MAX
 PEER_SPEED = 1.25          # a rank whose step compute time is within this factor of another's is its peer (peer
-                           # alignment in policies.py, the release's hold, join groups in join_wait_s)
+                           # alignment in policies/base.py, the release's hold, join groups in join_wait_s)
 AUTO_EXIT_SPEED = 1.5      # still_peers: the ranks stay peers until a live rank is this much slower than another
 HOLD_FRACTION = 0.5        # default release hold, a fraction of the pushers' step period (HVD_ELASTIC_PEER_WAIT)
 
@@ -135,12 +135,13 @@ def still_peers(meta: np.ndarray, were_peers: bool) -> bool:
 def release(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> bool:
     """After a probe with this table: send the pending pushes in a full tick now (True) or probe again (False).
     Now, unless some rank with nothing pending is due to push within the hold window and the oldest pending push
-    has waited less than that window. Only a rank at most PEER_SPEED slower than the fastest pusher is held for
+    has waited less than that window; a rank more than QUIET_MARGIN of its period past its predicted push is not due.
+    Only a rank at most PEER_SPEED slower than the fastest pusher is held for
     (a peer, or a faster rank): a push is never held for a slower rank, as peer alignment never waits for one
-    (policies.py) -- under asp with a straggler due within a fast rank's window, that hold was on the fast ranks'
-    critical path (they wait for their own push). A rank held at its gate (GATED) is never due: it pushes only after
-    a tick opens its gate, so holding for it only delays that tick (under zipline, every barrier by the hold: close
-    to a step; docs/benchmarks.md)."""
+    (policies/base.py) -- under asp a hold for a straggler due within a fast rank's window would sit on the fast
+    ranks' critical path (they wait for their own push). A rank held at its gate (GATED) is never due: it pushes only
+    after a tick opens its gate, so holding for it only delays that tick (under zipline, every barrier by the hold:
+    close to a step)."""
     pending = _pending_rows(meta)
     if not pending.any():
         return False
@@ -155,7 +156,10 @@ def release(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> bool:
     idle = ~pending & (meta[:, FINISHED] == 0) & (meta[:, GATED] <= 0) \
         & (step <= PEER_SPEED * float(step[pending].min()))
     measured = idle & (meta[:, PERIOD_NS] > 0) & (meta[:, LAST_PUSH_NS] >= 0)
-    due = _next_start_ns(meta, measured) <= now + hold   # its next push (or stream) starts within the window
+    start = _next_start_ns(meta, measured)
+    # its next push (or stream) starts within the window, and is not overdue by more than QUIET_MARGIN of its period
+    # (a rank that slowed down since its last push: holding for it keeps the pushers' tick back for nothing)
+    due = (start <= now + hold) & (start >= now - QUIET_MARGIN * meta[measured, PERIOD_NS])
     # A rank whose period is not measured yet (its first two pushes: the ranks start together) is expected within
     # the window unless its step time already says it is slower: without this a lone first push goes out in a tick
     # of its own and splits the round (the trajectories then leave Horovod's from the first step).
@@ -187,7 +191,7 @@ def next_probe_s(meta: np.ndarray, hold_fraction: float = HOLD_FRACTION) -> Opti
 
 
 def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float = HOLD_FRACTION,
-                peer_speed: float = PEER_SPEED) -> Optional[float]:
+                peer_speed: float = PEER_SPEED, own_due_ns: Optional[int] = None) -> Optional[float]:
     """Joined ticks (every tick full; it fires when the last rank's thread joins it, so *when* each thread joins
     decides what a tick carries): how long this rank's thread waits before it joins the next tick, from the last
     tick's table with this rank's own row as it stands now (a push of its own makes it join at once; 0: join now
@@ -210,7 +214,13 @@ def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float =
     waited for: ranks outside the group look for it OVERDUE_POLL of its period after the table's tick. Times are
     compared on the job's common clock (now_ns, LAST_PUSH_NS: ns since the shared epoch), as ZipLine's barriers
     compare them. None when no rank is due or a due rank's period is not measured yet (no prediction: pace by
-    tick_s)."""
+    tick_s).
+
+    `own_due_ns`: this rank's next push as its current step predicts it (OwnRow.own_due_ns: the step's start plus
+    its compute time), which replaces the table's prediction for this rank. Its own push is then waited for only
+    QUIET_MARGIN of its step time past that prediction: a push later than that comes from a step that is slower
+    than the last one (a transient slowdown), and waiting a hold for it keeps every other rank of the group waiting
+    inside the collective for nothing."""
     live = meta[:, FINISHED] == 0
     live[rank] &= meta[rank, GATED] <= 0
     if not live.any() or not _measured(meta, live):
@@ -218,7 +228,12 @@ def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float =
     period = meta[:, PERIOD_NS].astype(np.float64)
     speed = _step_ns(meta).astype(np.float64)
     rel = (meta[:, LAST_PUSH_NS] + meta[:, PERIOD_NS]).astype(np.float64) - now_ns
-    overdue = live & (rel < -hold_fraction * period)
+    own_hold = hold_fraction * period
+    if own_due_ns is not None:
+        rel[rank] = float(own_due_ns - now_ns)
+        own_hold = own_hold.copy()
+        own_hold[rank] = QUIET_MARGIN * float(speed[rank])
+    overdue = live & (rel < -own_hold)
     on_time = live & ~overdue
     # the poll counts from the table's tick (its last row's snapshot), not from now: re-evaluated, it still comes
     events = [float(meta[:, NOW_NS].max()) + OVERDUE_POLL * float(period[overdue].min()) - now_ns] \
@@ -228,7 +243,8 @@ def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float =
         group = on_time & (speed <= peer_speed * speed[first]) \
             & (rel <= rel[first] + hold_fraction * period[first])
         if group[rank]:       # wait for the own push (an overdue rank's poll would only make it miss the tick)
-            deadline = rel[rank] + hold_fraction * float(period[group].min())
+            deadline = rel[rank] + (own_hold[rank] if own_due_ns is not None else
+                                    hold_fraction * float(period[group].min()))
             faster = on_time & (speed * peer_speed < speed[rank])
             events = [min(deadline, float(rel[faster].min())) if faster.any() else deadline]
         else:

@@ -285,6 +285,14 @@ class Ticker:
                 if self.pacing.may_join:   # the waiting thread decides again when to join (probes wait as planned)
                     self._lock.notify_all()
 
+    def resumed(self):
+        """The training thread starts its next step (its gate opened): the own push's prediction counts from now
+        (OwnRow.own_due_ns); a waiting tick thread decides again when to join."""
+        with self._lock:
+            self.row.resumed_ns = self.row.now_ns()
+            if self.pacing.may_join:
+                self._lock.notify_all()
+
     @property
     def outside(self) -> bool:
         """Set by the engine while the training thread waits in a collective of the script's own (OUTSIDE, and

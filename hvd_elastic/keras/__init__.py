@@ -28,12 +28,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from .. import watchdog as _watchdog
+from .. import stall as _stall
+from ..config import LOCKSTEP_POLICIES
 from ..errors import ConfigError
 from ..lbbsp import BatchPlan
 from ..tensorflow._core import broadcast_variables, state_of, wrap_optimizer
 
-LOCKSTEP_POLICIES = ("bsp", "lbbsp")   # every rank takes every step together: epoch-end collectives are safe
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=hvd.Compression.none,
@@ -107,7 +107,7 @@ class SyncCallback(keras.callbacks.Callback):
             if state.mode != mode and model.train_function is not None:
                 model.make_train_function(force=True)   # retrace with the new apply mode
         state.start(model.trainable_variables, model_variables=model.variables, root_rank=self.root_rank, mode=mode)
-        state.session.watchdog.between_steps(_watchdog.USER)   # the batch callbacks mark the steps (watchdog.py)
+        state.session.watchdog.between_steps(_stall.USER)   # the batch callbacks mark the steps (watchdog.py)
 
     def on_train_batch_begin(self, batch, logs=None):
         self._state.session.watchdog.enter("step")

@@ -25,6 +25,7 @@ from typing import Callable, Dict
 
 import horovod.torch.mpi_ops as _mpi_ops
 
+from .. import stall as _stall
 from .. import watchdog as _watchdog
 
 PLUGIN_PREFIX = "hvd_elastic."   # the plugin's own collectives: never renamed, never reported as the script's
@@ -95,7 +96,7 @@ def _watched(synchronize):
         if name is None or wd is None or threading.current_thread().name.startswith("hvd_elastic-"):
             return synchronize(handle)
         before = wd.me.where
-        wd.enter(_watchdog.collective(name))
+        wd.enter(_stall.collective(name))
         for listener in list(_listeners):
             listener(True)
         try:

@@ -29,7 +29,7 @@ import torch
 from horovod.torch.optimizer import DistributedOptimizer as _HOROVOD_DISTRIBUTED_OPTIMIZER
 
 from .. import config as _config
-from .. import watchdog as _watchdog
+from .. import stall as _stall
 from ..engine.engine import Frontend, SyncEngine
 from ..engine.policies import RELAXED_POLICIES
 from ..errors import ConfigError, HvdElasticError
@@ -83,10 +83,10 @@ def _allreduce_sum(tensors, name, block=False):
 
     On the tick thread (block=False) it waits by polling with sleeps (50 us, doubling up to 1 ms), not in
     hvd.synchronize(): Horovod's wait spins (std::this_thread::yield in a loop), and a tick thread spinning while a
-    probe or a streamed chunk waits for the other ranks takes a core from the rank's own forward and backward --
-    measured on 2 cores, 10M parameters, 2 ranks: forward and backward ran twice as long as under plain Horovod, whose
-    training thread only waits after backward. The training thread running its own tick (block=True: it has nothing
-    else to do) waits in hvd.synchronize(), as under plain Horovod."""
+    probe or a streamed chunk waits for the other ranks takes a core from the rank's own forward and backward (on a
+    machine with few cores they can take up to twice as long as under plain Horovod, whose training thread only
+    waits after backward). The training thread running its own tick (block=True: it has nothing else to do) waits
+    in hvd.synchronize(), as under plain Horovod."""
     handles = [hvd.allreduce_async_(t, op=hvd.Sum, name=f"{name}.{i}") for i, t in enumerate(tensors)]
     for h in handles:
         nap = POLL_S[0]
@@ -301,7 +301,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     """
     cfg = _config.load(policy_kwargs, hvd.allgather_object, hvd.rank(), IMPLEMENTED_POLICIES, "PyTorch")
     session = Session(cfg, hvd.rank(), hvd.size(), hvd.allgather_object, lambda: (hvd.rank(), hvd.size()))
-    session.watchdog.between_steps(_watchdog.USER)   # step() marks the steps: the script's own code between them
+    session.watchdog.between_steps(_stall.USER)   # step() marks the steps: the script's own code between them
     if cfg.policy == "bsp":
         opt = _HOROVOD_DISTRIBUTED_OPTIMIZER(
             optimizer, named_parameters=named_parameters, compression=compression,

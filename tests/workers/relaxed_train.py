@@ -65,6 +65,9 @@ def train(out_dir, target_global_steps, batch):
     opt = hvde.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5),
                                     named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    if os.environ.get("TEST_PRINT_HUB") and hvd.rank() == 0:   # test-only: where tests/test_side_channel.py knocks
+        from hvd_elastic import watchdog
+        print("side channel endpoints:", json.dumps(watchdog.current().channel.endpoints), flush=True)
     g = torch.Generator().manual_seed(100 + hvd.rank())
     steps = 0
 

@@ -50,7 +50,7 @@ class Policy:
     # with s = 0 must never let a rank see another rank's *next* update, which, with the push at the end of
     # backward, is often already in a completed tick when the rank reaches step().
     fresh_reads = False
-    # Auto tick pacing (engine/ticker.py) joins ticks under a straggler too if True; if False only while every rank
+    # Auto tick pacing (engine/pacing.py) joins ticks under a straggler too if True; if False only while every rank
     # is a peer of every other (probes otherwise)
     joins_stragglers = True
     has_barriers = False        # observe() reports barriers, where the engine checks the replicas

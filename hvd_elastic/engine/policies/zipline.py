@@ -23,7 +23,7 @@ class Zipline(Policy):
     function of the tick stream, so every rank agrees."""
 
     name = "zipline"
-    # Under a straggler joined ticks reached the target no sooner and ended less accurate (docs/benchmarks.md)
+    # Under a straggler joined ticks reach the target no sooner and end less accurate (measured: docs/benchmarks.md)
     joins_stragglers = False
     has_barriers = True
 
@@ -32,7 +32,7 @@ class Zipline(Policy):
         self.R = cfg.lookahead
         self.targets: Optional[np.ndarray] = None
         self.barriers = self.forced = self.at_bound = self.max_superstep = 0
-        self.peers = False   # every rank a peer of every other (ticker.still_peers on the tick stream)
+        self.peers = False   # every rank a peer of every other (table.still_peers on the tick stream)
         self.spreads_ns = []
         self.intervals = Intervals(size, cfg.predictor)
 

@@ -11,6 +11,7 @@ import re
 import shutil
 import stat
 import subprocess
+import threading
 import time
 
 import pytest
@@ -100,23 +101,37 @@ def test_a_stopped_rank_on_another_host_is_named(cluster):
 
 
 def test_a_cut_link_is_named_and_the_job_ends(cluster):
-    """hvde-h4's link goes down mid-run: its heartbeats stop reaching rank 0's hub, and every live rank ends."""
+    """hvde-h4's link goes down mid-run, once rank 3 has trained 30 steps (Horovod's start-up over Gloo's rendezvous
+    is over): its heartbeats stop reaching rank 0's hub, the watchdog names rank 3 and every live rank ends."""
     env = {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_STALL_TIMEOUT": str(STALL_S), "HVD_ELASTIC_REPORT": "0",
-           "HVD_ELASTIC_EMULATE_DELAY": "*:0.01"}
+           "HVD_ELASTIC_EMULATE_DELAY": "*:0.01", "TEST_FAULT": "slow", "TEST_FAULT_RANK": "3",
+           "TEST_FAULT_STEP": "30", "TEST_FAULT_SECONDS": "0"}     # "slow" for 0 s: only the line that says "now"
     proc = subprocess.Popen(_command("horovodrun", "tests/workers/relaxed_train.py",
                                      ["/tmp", "--mode", "train", "--target", 100000], env=env),
                             env=job_env(env), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+    lines, marked = [], threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if "fault: slow on rank 3" in line:
+                marked.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        time.sleep(12)              # start-up (ssh, Horovod, the first steps)
+        assert marked.wait(120), "rank 3 never reached step 30:\n" + "".join(lines)[-3000:]
         cut = time.time()
         subprocess.run(["ip", "link", "set", "hvde-h4-br", "down"], check=True)
-        out, _ = proc.communicate(timeout=STALL_S + 60)
+        proc.wait(timeout=STALL_S + 60)
         ended = time.time() - cut
+        reader.join(10)
     finally:
         subprocess.run(["ip", "link", "set", "hvde-h4-br", "up"], check=False)
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
+    out = "".join(lines)
     assert proc.returncode != 0, out[-3000:]
     assert [ln for ln in out.splitlines() if "hvd_elastic: error" in ln and "rank 3" in ln], out[-3000:]
     assert ended < STALL_S + 30, ended

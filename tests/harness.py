@@ -125,9 +125,12 @@ class _Rank:
     def _write(self, w):
         self.w[:] = w
 
-    def train(self, delays: Sequence[float], stop: threading.Event, target: Optional[int] = None):
+    def train(self, delays: Sequence[float], stop: threading.Event, target: Optional[int] = None,
+              call: Optional[threading.Barrier] = None, call_every: int = 0):
         """One step per entry of `delays`; with a target, `delays` repeats until the global steps this rank knows of
-        (its own and the others' delivered clocks, SyncEngine.global_steps) reach it."""
+        (its own and the others' delivered clocks, SyncEngine.global_steps) reach it. With `call_every`, after every
+        call_every-th step the rank meets every other rank in a collective of the script's own (`call`, a barrier
+        of all ranks), marked as such to the engine as hvd_elastic/torch/collectives.py marks Horovod's."""
         for d in (itertools.cycle(delays) if target is not None else delays):
             if stop.is_set():
                 return
@@ -142,15 +145,21 @@ class _Rank:
             else:
                 self.engine.step(lambda dst, alpha, g=g: np.add(dst, alpha * g, out=dst), d)
             self.steps += 1
+            if call_every and self.steps % call_every == 0:
+                self.engine.waiting_outside(True)
+                call.wait()          # threading.BrokenBarrierError after its timeout: the ranks never met
+                self.engine.waiting_outside(False)
         self.engine.finish()
 
 
 def run_job(policy: str, schedule: Sequence[Sequence[float]], w0: Optional[np.ndarray] = None,
-            timeout_s: float = 60.0, target: Optional[int] = None, **knobs) -> Run:
+            timeout_s: float = 60.0, target: Optional[int] = None, call_every: int = 0, **knobs) -> Run:
     """Train every rank through `schedule` (schedule[r][k]: rank r's compute time at its step k, seconds) under
     `policy` with the given knobs (Config names), and finish. With `target`, each rank's schedule repeats until the
     job has taken `target` steps as far as that rank knows, so every rank trains for about the same time and fast
-    ranks take more steps (a global budget, as the workers' --target). Raises the first error any rank raised."""
+    ranks take more steps (a global budget, as the workers' --target). With `call_every`, every rank meets the others
+    in a collective of the script's own after each call_every-th of its steps (with a schedule, not a target: every
+    rank makes the same calls). Raises the first error any rank raised."""
     n = len(schedule)
     cfg = Config.from_env({}, policy=policy, keep_heap=False, **knobs)
     reduce = InMemoryAllreduce(n, timeout_s=timeout_s / 2)
@@ -158,10 +167,11 @@ def run_job(policy: str, schedule: Sequence[Sequence[float]], w0: Optional[np.nd
     ranks = [_Rank(r, n, cfg, reduce.for_rank(r), w0) for r in range(n)]
     errors: List[BaseException] = []
     stop = threading.Event()
+    call = threading.Barrier(n, timeout=timeout_s / 4)
 
     def body(r):
         try:
-            ranks[r].train(schedule[r], stop, target)
+            ranks[r].train(schedule[r], stop, target, call, call_every)
         except BaseException as e:   # surfaced below
             errors.append(e)
             stop.set()

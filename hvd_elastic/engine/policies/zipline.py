@@ -54,6 +54,8 @@ class Zipline(Policy):
             # A rank that finished pushes nothing more: no barrier can include it; the final barrier (finish) ends
             # the last superstep instead.
             return False
+        if view.outside.any():
+            self._yield_to_outside(view)
         if self.targets is None:
             self.targets = self._place_barrier(tick, view)
         if self.targets is not None and (view.clocks >= self.targets).all():
@@ -63,6 +65,17 @@ class Zipline(Policy):
             self.barriers += 1
             return True
         return False
+
+    def _yield_to_outside(self, view):
+        """Ranks wait in a collective of the script's own (OUTSIDE): they cannot move until the others reach the same
+        call, so their targets are where they stand; and a rank held at the bound (R iterations run) gets its barrier
+        at once, at the current clocks, so that it can go on to that call. Otherwise a barrier that asked more of a
+        rank than the steps before its call would hold the others, and the call would never complete."""
+        if self.targets is not None:
+            self.targets = np.where(view.outside, np.minimum(self.targets, view.clocks), self.targets)
+        elif int((view.clocks - self.origin).max()) >= self.R:
+            self.forced += 1
+            self.targets = view.clocks.copy()
 
     def _place_barrier(self, tick, view) -> Optional[np.ndarray]:
         ran = view.clocks - self.origin
@@ -93,8 +106,8 @@ class Zipline(Policy):
         if view.finished.any():   # the job is ending: run free, the final barrier will follow
             return False
         ran = gate.clock - int(self.origin[self.rank])
-        # A rank waits in a collective of the script's own: the barrier yields (within R), so that this rank can
-        # reach the same call; the barrier completes once every rank has passed its target.
+        # A rank waits in a collective of the script's own: the barrier yields (within R, and observe() ends a
+        # superstep at R: _yield_to_outside), so that this rank can reach the same call.
         if self.targets is not None and not view.outside.any():
             return not (gate.clock < int(self.targets[self.rank]) and ran < self.R)
         return not ran < self.R

@@ -227,10 +227,12 @@ KNOBS = (
              "by rank: reproducible)."),
     Knob("stall_timeout", 120.0, _float(0.0, exclusive=True), "number > 0 (seconds)",
          "After this long without progress of any rank, every rank names the stopped ones and the job exits.",
-         doc="Progress: a training step, or an update applied while finishing. Every live rank prints one line "
-             "naming the rank(s) that stopped (from per-rank heartbeats) and the job exits non-zero; a rank whose "
-             "heartbeat connection closes mid-training is named at once. Must exceed the longest step and any "
-             "pause between steps (evaluation, checkpoint)."),
+         doc="Progress: a completed training step, or the end of finish(); only a rank waiting inside the plugin "
+             "(a step, finish(), a collective of the script's own) is judged, never one running the script's own "
+             "code. Every live rank prints one line naming the rank(s) that stopped and where (hvd_elastic/stall.py) "
+             "and the job exits non-zero; a rank whose heartbeat connection closes mid-training is named at once. "
+             "Must exceed the longest step and any pause of some ranks while the others wait for them (an "
+             "evaluation or a checkpoint on rank 0 only)."),
     Knob("report", True, _bool, "0|1",
          "Rank 0 prints the per-rank time breakdown at the end of the run."),
     Knob("report_json", "", _text, "a file path, or empty",

@@ -150,14 +150,9 @@ class StallRule:
 
     def _in_own_code(self, ranks: List[RankState], outside: List[int], now: float) -> str:
         r = ranks[outside[0]]
-        if self.policy in LOCKSTEP_POLICIES:
-            hint = ("a pause longer than the timeout (evaluation, checkpointing: raise HVD_ELASTIC_STALL_TIMEOUT) or "
-                    "code that does not return")
-        else:
-            hint = ("a Horovod collective of the script's own inside a relaxed training loop (e.g. hvd.allreduce "
-                    "between steps) deadlocks when the policy holds another rank: call it before the first step or "
-                    "after finish(opt) (docs/horovod-compat.md); else a pause longer than the timeout or code that "
-                    "does not return")
+        hint = ("a pause longer than the timeout while the others wait for it (evaluation or checkpointing on some "
+                "ranks only: raise HVD_ELASTIC_STALL_TIMEOUT), a wait outside Horovod on another rank, or code that "
+                "does not return")
         return (f"{_ranks(outside)} stopped making progress: blocked in the script's own code for "
                 f"{now - r.progress:.0f} s after step {r.steps} (heartbeat alive) while {_ranks([self.me])} waits in "
                 f"{where_text(ranks[self.me].where)}: {hint}")

@@ -13,7 +13,7 @@ def test_a_killed_rank_stops_every_rank_with_a_message_naming_it(tmp_path):
     res = launch("horovodrun", 3, "tests/workers/relaxed_train.py",
                  [tmp_path, "--mode", "train", "--target", "100000"],
                  env={"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_EMULATE_DELAY": "*:0.002",
-                      "TEST_KILL_RANK_AT_STEP": "30"}, timeout=BOUND_S)
+                      "TEST_FAULT": "kill", "TEST_FAULT_STEP": "30"}, timeout=BOUND_S)
     assert not res.timed_out, "the job hung after a rank died:\n" + res.output[-3000:]
     assert res.returncode != 0
     # The launcher names the dead rank (rank 2 of 3 was killed by signal 9).

@@ -7,7 +7,6 @@ Set in the job's environment; a worker calls :func:`inject` at the start of ever
 - TEST_FAULT_RANK: the rank (default: the last one), or * for every rank.
 - TEST_FAULT_STEP: the rank's own step count at which to act (0-based), or `finish` (just before finish()).
 - TEST_FAULT_DELAY: seconds to sleep before acting (default 0), e.g. so that the others are inside finish().
-The legacy TEST_KILL_RANK_AT_STEP=N means TEST_FAULT=kill on the last rank at step N.
 """
 import os
 import signal
@@ -19,8 +18,6 @@ def settings(size):
     fault = os.environ.get("TEST_FAULT", "")
     at = os.environ.get("TEST_FAULT_STEP", "")
     rank = os.environ.get("TEST_FAULT_RANK", str(size - 1))
-    if not fault and os.environ.get("TEST_KILL_RANK_AT_STEP"):
-        fault, at, rank = "kill", os.environ["TEST_KILL_RANK_AT_STEP"], str(size - 1)
     return fault, rank, at
 
 

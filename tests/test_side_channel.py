@@ -6,7 +6,6 @@ The channel itself in-process (handshake, replay, caps, where rank 0 listens), t
 2-rank job under both launchers."""
 import json
 import os
-import queue
 import signal
 import socket
 import subprocess
@@ -171,18 +170,17 @@ def _run_attacked(launcher, out_dir, target):
                                     [out_dir, "--mode", "train", "--target", target]),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT, text=True,
                             start_new_session=True)
-    lines, hub = [], queue.Queue()
-
-    def read():
-        for line in proc.stdout:
-            lines.append(line)
-            if "side channel endpoints:" in line:
-                hub.put(json.loads(line.split("side channel endpoints:", 1)[1]))
-
-    reader = threading.Thread(target=read, daemon=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
+    hub = os.path.join(out_dir, "hub.json")
     try:
-        endpoints = hub.get(timeout=90)
+        deadline = time.monotonic() + 90
+        while not os.path.exists(hub):
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                "rank 0 never wrote its side-channel endpoints:\n" + "".join(lines)[-3000:]
+            time.sleep(0.1)
+        endpoints = json.load(open(hub))
         assert endpoints[0][0] == "127.0.0.1", endpoints      # every rank on this host: loopback only
         _attack(*endpoints[0])
         running_after_attack = proc.poll() is None

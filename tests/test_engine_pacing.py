@@ -50,6 +50,16 @@ def test_zipline_with_equal_speeds_places_nearly_every_barrier_at_the_bound():
     assert all(c["max_iterations_between_barriers"] == 6 for c in counters), counters
 
 
+def test_zipline_under_a_straggler_places_every_barrier_by_its_windows():
+    """With a 10x straggler no two ranks' speeds make every rank a peer, so each barrier is ZipLine's choice (the
+    window of least predicted wait), none at the bound; the same barriers and weights at each of them on every
+    rank, never more than R iterations apart."""
+    counters = _nothing_lost(run_job("zipline", STRAGGLER, lookahead=6, predictor="last", target=400))
+    assert len({(c["barriers"], c["barriers_at_bound"], c["barrier_digest"]) for c in counters}) == 1, counters
+    assert counters[0]["barriers"] >= 5 and counters[0]["barriers_at_bound"] == 0, counters[0]
+    assert all(c["max_iterations_between_barriers"] <= 6 for c in counters), counters
+
+
 @pytest.mark.parametrize("policy", ["asp", "zipline"])
 def test_join_pacing_makes_every_tick_full_and_the_same_on_every_rank(policy):
     """tick_pacing=join (engine/pacing.py): no probes, every tick carries the payload, and each rank's tick thread

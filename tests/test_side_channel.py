@@ -165,7 +165,7 @@ def _attack(host, port):
 
 
 def _run_attacked(launcher, out_dir, target):
-    env = job_env({"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_EMULATE_DELAY": "*:0.005", "TEST_PRINT_HUB": "1"})
+    env = job_env({"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_EMULATE_DELAY": "*:0.005", "TEST_WRITE_HUB": "1"})
     proc = subprocess.Popen(command(launcher, 2, "tests/workers/relaxed_train.py",
                                     [out_dir, "--mode", "train", "--target", target]),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT, text=True,

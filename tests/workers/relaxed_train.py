@@ -65,7 +65,7 @@ def train(out_dir, target_global_steps, batch):
     opt = hvde.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5),
                                     named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    if os.environ.get("TEST_PRINT_HUB") and hvd.rank() == 0:   # test-only: where tests/test_side_channel.py knocks
+    if os.environ.get("TEST_WRITE_HUB") and hvd.rank() == 0:   # test-only: where tests/test_side_channel.py knocks
         from hvd_elastic import watchdog
         tmp = os.path.join(out_dir, "hub.json.tmp")      # a file, not stdout: a launcher interleaves ranks' lines
         with open(tmp, "w") as f:

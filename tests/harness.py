@@ -95,6 +95,7 @@ class Run:
     collectives: int
     errors: List[BaseException]
     steps: List[int]
+    wait_shares: List[float]     # each rank's share of its wall clock held by its policy's rule (Telemetry.wait_s)
 
     def pushed(self) -> int:
         return sum(c["pushed"] for c in self.counters)
@@ -150,6 +151,7 @@ class _Rank:
                 call.wait()          # threading.BrokenBarrierError after its timeout: the ranks never met
                 self.engine.waiting_outside(False)
         self.engine.finish()
+        self.telemetry.stop()
 
 
 def run_job(policy: str, schedule: Sequence[Sequence[float]], w0: Optional[np.ndarray] = None,
@@ -185,5 +187,9 @@ def run_job(policy: str, schedule: Sequence[Sequence[float]], w0: Optional[np.nd
         raise TimeoutError(f"harness: {policy} did not finish within {timeout_s} s")
     if errors:
         raise errors[0]
+    shares = []
+    for r in ranks:
+        snap = r.telemetry.snapshot()
+        shares.append(snap["wait_s"] / snap["wall_s"])
     return Run([r.engine for r in ranks], [r.w for r in ranks], [r.telemetry.counters for r in ranks],
-               reduce.collectives, errors, [r.steps for r in ranks])
+               reduce.collectives, errors, [r.steps for r in ranks], shares)

@@ -117,3 +117,16 @@ def test_wbsp_measures_the_slowest_rank_and_fast_ranks_download_less_often_than_
         assert c["wbsp_slowest_rank"] == 3 and c["wbsp_stale_downloads"] == 0 and c["downloads"] > 0, c
     assert min(run.steps[:3]) > 2 * run.steps[3], run.steps
     assert all(c["downloads"] < steps / 2 for c, steps in zip(counters[:3], run.steps[:3])), (counters, run.steps)
+
+
+def test_asp_never_holds_a_rank_for_the_straggler_whose_gradients_are_the_stale_ones():
+    """asp's rule holds no rank; the only wait is peer alignment (HVD_ELASTIC_PEER_WAIT, at most 0.5 of the rank's
+    own step, and only for ranks about as fast as it is), so at most 0.5 / 1.5 of the wall clock, where waiting for
+    the 10x straggler would be about 90%. The fast ranks run ahead; the straggler computes on weights the fast ranks
+    update about 3 x 10 times during its step, so its gradients are far staler than theirs."""
+    run = run_job("asp", STRAGGLER, target=400)
+    counters = _nothing_lost(run)
+    assert all(share < 0.34 for share in run.wait_shares), run.wait_shares
+    assert min(run.steps[:3]) > 3 * run.steps[3], run.steps
+    stale = [c["staleness_mean"] for c in counters]
+    assert stale[3] > 10 and stale[3] > 5 * max(stale[:3]), stale

@@ -1,9 +1,15 @@
-"""Soak test of the script's own collectives: N runs in a row per policy of tests/workers/user_collectives.py (named + unnamed
-collectives every 10 steps, rank 1 10x slower, another process busy on a core), alternating launchers. From the
-repository root: python benchmarks/soak_user_collectives.py [N] [policies]."""
-import json, os, subprocess, sys, tempfile, time
+"""Soak test of the script's own collectives: N runs in a row per policy of tests/workers/user_collectives.py
+(named + unnamed collectives every 10 steps, rank 1 10x slower, another process busy on a core), alternating
+launchers. From the repository root: python benchmarks/soak_user_collectives.py [N] [policies]."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
 sys.path.insert(0, "tests")
-from launch import launch
+from launch import launch  # noqa: E402  (tests/launch.py: the launchers as the test suite runs them)
+
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 policies = sys.argv[2].split(",") if len(sys.argv) > 2 else ["asp", "ssp", "dssp", "wbsp", "lbbsp", "zipline"]
 hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -29,7 +35,8 @@ try:
             times.append(res.elapsed)
             if not good:
                 fails.append((i, launcher, res.timed_out, res.output[-800:]))
-        print(f"{pol}: {ok}/{N} ran to the end (identical replicas, every check), job {min(times):.1f}-{max(times):.1f} s", flush=True)
+        print(f"{pol}: {ok}/{N} ran to the end (identical replicas, every check), "
+              f"job {min(times):.1f}-{max(times):.1f} s", flush=True)
         for f in fails:
             print("  FAIL", f, flush=True)
 finally:

@@ -25,7 +25,7 @@ from hvd_elastic.config import Config
 from hvd_elastic.engine.buffers import NumpyBuffers
 from hvd_elastic.engine.engine import Frontend, SyncEngine
 from hvd_elastic.engine.policies import make_policy
-from hvd_elastic.telemetry import Telemetry
+from hvd_elastic.telemetry import Telemetry, build_report
 
 DIM = 6
 LR = 0.05
@@ -95,7 +95,7 @@ class Run:
     collectives: int
     errors: List[BaseException]
     steps: List[int]
-    wait_shares: List[float]     # each rank's share of its wall clock held by its policy's rule (Telemetry.wait_s)
+    wait_shares: List[float]     # each rank's share of its wall clock held by its policy's rule (the report's)
 
     def pushed(self) -> int:
         return sum(c["pushed"] for c in self.counters)
@@ -187,9 +187,6 @@ def run_job(policy: str, schedule: Sequence[Sequence[float]], w0: Optional[np.nd
         raise TimeoutError(f"harness: {policy} did not finish within {timeout_s} s")
     if errors:
         raise errors[0]
-    shares = []
-    for r in ranks:
-        snap = r.telemetry.snapshot()
-        shares.append(snap["wait_s"] / snap["wall_s"])
+    report = build_report([r.telemetry.snapshot() for r in ranks], policy, {})
     return Run([r.engine for r in ranks], [r.w for r in ranks], [r.telemetry.counters for r in ranks],
-               reduce.collectives, errors, [r.steps for r in ranks], shares)
+               reduce.collectives, errors, [r.steps for r in ranks], [rep["wait_share"] for rep in report["ranks"]])

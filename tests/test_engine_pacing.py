@@ -1,6 +1,7 @@
 """How the sync engine paces ranks and ticks, in one process (tests/harness.py: n ranks as threads, an in-memory
 allreduce, scripted step times): the staleness bounds reached and kept under a straggler, zipline's barriers at the
-bound while every rank is a peer, join and auto tick pacing, own pushes in flight, and wbsp's measured slowest rank.
+bound while every rank is a peer, join and auto tick pacing, own pushes in flight, wbsp's measured slowest rank, and
+asp's waits and staleness under a straggler.
 
 Runs with a global budget (run_job(..., target=...)) train every rank for about the same time, as the workers'
 --target does: fast ranks take more steps than a straggler. Step times are 5-50 ms, long beside a tick of the

@@ -18,17 +18,14 @@ try:
         ok, times, fails = 0, [], []
         for i in range(N):
             launcher = ("mpirun", "horovodrun")[i % 2]
-            env = {"HVD_ELASTIC_POLICY": pol, "HVD_ELASTIC_EMULATE_DELAY": "*:0.002,1:0.02",
-                   "HVD_ELASTIC_STALL_TIMEOUT": "30"}
-            if pol == "lbbsp":
-                env["HVD_ELASTIC_GLOBAL_BATCH"] = "32"
+            env = {"HVD_ELASTIC_EMULATE_DELAY": "*:0.002,1:0.02", "HVD_ELASTIC_STALL_TIMEOUT": "30"}
             with tempfile.TemporaryDirectory() as d:
-                res = launch(launcher, 2, "tests/workers/user_collectives.py", [d, "--steps", "30", "--every", "10"],
-                             env=env, timeout=150)
+                args = [d, "--policies", pol, "--steps", "30", "--every", "10"]
+                res = launch(launcher, 2, "tests/workers/user_collectives.py", args, env=env, timeout=150)
                 good = res.returncode == 0 and not res.timed_out and all(
-                    os.path.exists(os.path.join(d, f"rank{r}.json")) for r in range(2))
+                    os.path.exists(os.path.join(d, f"rank{r}.{pol}.json")) for r in range(2))
                 if good:
-                    ranks = [json.load(open(os.path.join(d, f"rank{r}.json"))) for r in range(2)]
+                    ranks = [json.load(open(os.path.join(d, f"rank{r}.{pol}.json"))) for r in range(2)]
                     good = ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"] and \
                         all(r["checked"] == 3 * 2 * 7 for r in ranks)
             ok += good

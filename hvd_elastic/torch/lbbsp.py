@@ -28,12 +28,13 @@ class _Overlap:
     parameter scales its gradient by this rank's batch size b_p and submits its Sum allreduce at once (Horovod
     negotiates by name, so the order in which gradients become ready may differ across ranks); the first one also
     submits the small table of the previous step's (step time, b_p, pass start) and this step's b_p
-    (LbbspController.lagged_row), so Horovod fuses it with the gradients; step() waits for both and divides the
+    (LbbspController.lagged_row) in the gradients' dtype, so Horovod fuses it with the gradients; step() waits for both and divides the
     gradients by B = sum_p b_p. One backward per step: a second gradient of the same parameter before step() is
     an error."""
 
-    def __init__(self, optimizer, ctl: LbbspController, params):
+    def __init__(self, optimizer, ctl: LbbspController, params, dtype):
         self.optimizer, self.ctl, self.params = optimizer, ctl, params
+        self.dtype = dtype      # the table's words: the gradients' numpy twin (float32 for 16-bit gradients)
         self.handles = {}
         self.table = None       # (tensor, handle) of this step's table allreduce, submitted with the first gradient
         self._index = {id(p): i for i, p in enumerate(params)}
@@ -48,7 +49,7 @@ class _Overlap:
         if p.grad.is_sparse:
             refuse_sparse_gradients(self.optimizer, "lbbsp")
         if self.table is None:
-            words = torch.from_numpy(self.ctl.lagged_row())
+            words = torch.from_numpy(self.ctl.lagged_row(self.dtype))
             self.table = words, hvd.allreduce_async_(words, op=hvd.Sum, name="hvd_elastic.lbbsp.table")
         p.grad.mul_(self.ctl.local_batch())
         self.handles[p] = hvd.allreduce_async_(p.grad, op=hvd.Sum, name=f"hvd_elastic.lbbsp.{self._name(p)}")
@@ -114,7 +115,7 @@ def build_lbbsp(optimizer, session, *, compression, op, gradient_predivide_facto
     wrap_class(optimizer, _lbbsp_step)
     optimizer._hvd_elastic_flat = flat
     flat.broadcast_weights(root_rank=0)
-    optimizer._hvd_elastic_overlap = _Overlap(optimizer, session.lbbsp, flat.params)
+    optimizer._hvd_elastic_overlap = _Overlap(optimizer, session.lbbsp, flat.params, flat.dtype)
     return optimizer
 
 

@@ -147,9 +147,10 @@ class LbbspController:
         """This rank's row of the overlapped step's table (:meth:`step_overlapped`), zeros elsewhere: the previous
         step's (step ns, samples, pass start) -- its time is known only once that step ended -- and this step's
         samples. The frontend submits its Sum-allreduce with the step's first gradient, in the gradients' `dtype`
-        (float32 or float64: the 16-bit pieces are exact in both), so Horovod fuses it with the gradients instead of
-        running one more collective (it fuses only tensors of one dtype). The first step's row is marked as a
-        pass start: it carries no time (and the second's time includes the start-up), neither is a speed."""
+        (float32 or float64: the 16-bit pieces are exact in both), so Horovod can fuse it with the gradients that are
+        ready in the same cycle instead of running one more collective (it fuses only tensors of one dtype). The
+        first step's row is marked as a pass start: it carries no time (and the second's time includes the start-up),
+        neither is a speed."""
         words = np.zeros(self.size * _LAGGED * META_PIECES, dtype)
         r0 = self.rank * _LAGGED * META_PIECES
         encode_meta(np.array([*self._previous, self.local_batch()], np.int64),

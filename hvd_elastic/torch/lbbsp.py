@@ -28,9 +28,9 @@ class _Overlap:
     parameter scales its gradient by this rank's batch size b_p and submits its Sum allreduce at once (Horovod
     negotiates by name, so the order in which gradients become ready may differ across ranks); the first one also
     submits the small table of the previous step's (step time, b_p, pass start) and this step's b_p
-    (LbbspController.lagged_row) in the gradients' dtype, so Horovod fuses it with the gradients; step() waits for both and divides the
-    gradients by B = sum_p b_p. One backward per step: a second gradient of the same parameter before step() is
-    an error."""
+    (LbbspController.lagged_row) in the gradients' dtype, so Horovod can fuse it with the gradients; step() waits
+    for both and divides the gradients by B = sum_p b_p. One backward per step: a second gradient of the same
+    parameter before step() is an error."""
 
     def __init__(self, optimizer, ctl: LbbspController, params, dtype):
         self.optimizer, self.ctl, self.params = optimizer, ctl, params

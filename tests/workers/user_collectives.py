@@ -1,10 +1,10 @@
 """Worker: a PyTorch training loop that runs Horovod collectives of its own between steps, as scripts do.
 
 Each policy of --policies in turn, in one process (a fresh model and optimizer each, the policy as the optimizer's
-keyword argument). First Horovod's test_torch.py::test_broadcast_state_no_grad pattern right after the optimizer is built
-(broadcast_parameters, broadcast_optimizer_state, then an unnamed hvd.broadcast of a gradient). Then every rank takes
---steps local steps (policy lbbsp: batches from LbbspSampler) and every --every steps calls, in this order, named
-and unnamed: hvd.allreduce, hvd.allreduce_ (in place), hvd.broadcast, hvd.allgather, hvd.allreduce_async +
+keyword argument). First Horovod's test_torch.py::test_broadcast_state_no_grad pattern right after the optimizer is
+built (broadcast_parameters, broadcast_optimizer_state, then an unnamed hvd.broadcast of a gradient). Then every
+rank takes --steps local steps (policy lbbsp: batches from LbbspSampler) and every --every steps calls, in this
+order, named and unnamed: hvd.allreduce, hvd.allreduce_ (in place), hvd.broadcast, hvd.allgather, hvd.allreduce_async +
 hvd.synchronize, hvd.broadcast_object, hvd.allgather_object. Every result is checked against what the ranks put in.
 Writes rank<r>.<policy>.json per policy: the calls made and checked, the local steps, the final weights' hash, the
 report; prints a line as each policy starts and ends, so a hang names the policy it happened in.

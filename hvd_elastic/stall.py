@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence
 from .config import LOCKSTEP_POLICIES
 
 SILENT_S = 3.0        # a heartbeat older than this (three missed) means the rank's process is not running
-ERROR_GRACE_S = 3.0   # after another rank exited with an error, time left for this rank to fail with its own
+ERROR_GRACE_S = 5.0   # after another rank exited with an error, time left for this rank to fail with its own
 
 USER = ""             # `where` of a rank running the script's own code (between steps, or outside training)
 UNKNOWN = "?"         # frontends that cannot tell (TF custom loops): counts as inside the plugin

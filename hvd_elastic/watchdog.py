@@ -30,8 +30,9 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from .config import horovod_elastic
+from .errors import HvdElasticError
 from .sidechannel import Channel, Link, host_info
-from .stall import UNKNOWN, RankState, StallRule
+from .stall import ERROR_GRACE_S, UNKNOWN, RankState, StallRule
 
 HEARTBEAT_S = 1.0     # heartbeat (and hub table) period
 CHECK_S = 0.2         # watchdog thread period
@@ -135,6 +136,9 @@ class Watchdog:
         self.me.error = type(err).__name__ if err is not None else ""
         self.me.state = "exited"
         self._send_state()
+        if isinstance(err, HvdElasticError):
+            self._said = True             # its one line is out (errors.py); an abort from another rank adds none
+            self._await_others(ERROR_GRACE_S)
         self._stop.set()
         if self.me.armed:
             grace = min(self.timeout_s, 30.0)
@@ -145,6 +149,19 @@ class Watchdog:
                           f"complete within {grace:g} s (min(HVD_ELASTIC_STALL_TIMEOUT, 30)); exiting")
 
             threading.Thread(target=bounded_shutdown, name="hvd_elastic-exit", daemon=True).start()
+
+    def _await_others(self, limit_s: float):
+        """This rank ends with hvd-elastic's one-line error. Bad input fails every rank alike, but a launcher ends
+        the job as soon as one rank exits non-zero (mpirun within milliseconds), which would cut off a slower rank
+        before it prints its own line: wait, at most `limit_s`, until every other rank has exited too (the daemon
+        thread keeps the table current; this rank's watchdog judges nothing more, see _check)."""
+        if self.channel is None or self.detached or self._thread is None or not self._thread.is_alive():
+            return
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline and not self.hub_gone:
+            if all(r.state != "up" for q, r in enumerate(self.ranks) if q != self.rank):
+                return
+            time.sleep(CHECK_S / 4)
 
     def forked(self):
         """In a forked child (a DataLoader worker): drop the parent's connections, so that they close when the
@@ -244,7 +261,7 @@ class Watchdog:
 
     # ---- the rule (stall.py) -----------------------------------------------------------------------------------
     def _check(self):
-        if not self.me.armed or self._aborting:
+        if not self.me.armed or self._aborting or self.me.state == "exited":
             return
         verdict = self.rule.verdict(self.ranks, time.monotonic(), self.hub_gone)
         if verdict is not None:

@@ -1,7 +1,7 @@
 """The stall rule (hvd_elastic/stall.py) in one process: from a table of ranks and the time, whether the job stops
 and the line that names why. The real-launcher fault tests (tests/test_faults.py) check that the watchdog applies
 it on real jobs; these check each case of the rule, including ones a real run hits rarely."""
-from hvd_elastic.stall import COLLECTIVE, USER, RankState, StallRule, collective
+from hvd_elastic.stall import COLLECTIVE, ERROR_GRACE_S, USER, RankState, StallRule, collective
 
 T = 10.0   # the timeout of these tables
 
@@ -27,7 +27,8 @@ def test_a_rank_that_raised_is_named_after_the_grace_time_only():
     ranks[1].state, ranks[1].error = "exited", "ValueError"
     rule = StallRule(0, T, "asp")
     assert rule.verdict(ranks, 100.0) is None           # this rank may still print its own error first
-    v = rule.verdict(ranks, 103.5)
+    assert rule.verdict(ranks, 100.0 + ERROR_GRACE_S - 0.1) is None
+    v = rule.verdict(ranks, 100.0 + ERROR_GRACE_S + 0.1)
     assert v is not None and "rank 1 exited with ValueError" in v.text
 
 

@@ -16,6 +16,7 @@ import argparse
 import hashlib
 import json
 import os
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -174,6 +175,8 @@ def bad(args):
         hvdtf.DistributedOptimizer(keras.optimizers.SGD(0.1))
         return {}
     opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    if hvd.rank() == hvd.size() - 1:
+        time.sleep(args.last_rank_late_s)
     hvdk.lbbsp_dataset(opt, (np.zeros((n, 4), np.float32), np.zeros(n, np.int64)))
     return {}
 
@@ -187,6 +190,8 @@ def main():
     ap.add_argument("--pad", action="store_true", help="drop_last=False")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--frontend", choices=["keras", "tensorflow"], default="keras")
+    ap.add_argument("--last-rank-late-s", type=float, default=0.0, help="--mode bad: the last rank reaches the "
+                    "dataset this much later")
     args = ap.parse_args()
     hvd.init()
     out = {"check": check, "train": train, "bad": bad}[args.mode](args)

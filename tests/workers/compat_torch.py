@@ -1,14 +1,16 @@
-"""Worker: Horovod's DistributedOptimizer properties under the policy in HVD_ELASTIC_POLICY, one job per policy.
+"""Worker: Horovod's DistributedOptimizer properties under each policy of --policies (default: HVD_ELASTIC_POLICY).
 
 The script makes the one-line swap by assignment (``hvd.DistributedOptimizer = hvde.DistributedOptimizer``) and
-then uses Horovod's names only, as a Horovod script would. Every check is collective-safe: what it asserts is
-computed from values every rank holds (allgathered), so a failure stops every rank at the same point. Each check
-prints 'check <name>: ok' on rank 0; the last one leaves a relaxed optimizer unfinished on purpose (the exit handler
-must finish it and say so). Checks: see CHECKS.
+then uses Horovod's names only, as a Horovod script would; the policies run one after the other in one process, each
+set in HVD_ELASTIC_POLICY as a user would (read at every optimizer's construction). Every check is collective-safe:
+what it asserts is computed from values every rank holds (allgathered), so a failure stops every rank at the same
+point. Each check prints 'check <policy> <name>: ok' on rank 0. After bsp and after the last policy an optimizer is
+left unfinished on purpose: the exit handler must finish the last policy's one if it is relaxed and say so, and
+leave bsp's (Horovod's own optimizer) alone. Checks: see CHECKS.
 """
+import argparse
 import hashlib
 import os
-import sys
 import tempfile
 import warnings
 
@@ -20,14 +22,19 @@ from horovod.torch.optimizer import DistributedOptimizer as horovod_optimizer
 import hvd_elastic.torch as hvde
 from hvd_elastic.errors import ConfigError
 
-POLICY = os.environ.get("HVD_ELASTIC_POLICY", "bsp")
-RELAXED = POLICY not in ("bsp", "lbbsp")
-GRADIENT_POLICY = POLICY in ("asp", "ssp", "dssp", "zipline")
-# zipline may hold a rank at a barrier until another rank has pushed *more* steps than this script gives it, so a
-# collective called mid-training (a broadcast, a barrier, building another optimizer), or a second optimizer stepped
-# in turn with the first, can deadlock: there the checks call collectives only before the first step or after
-# finish(), and step several optimizers one after the other (docs/horovod-compat.md).
-MID_TRAINING_COLLECTIVES = POLICY != "zipline"
+POLICY = RELAXED = GRADIENT_POLICY = MID_TRAINING_COLLECTIVES = None     # set_policy()
+
+
+def set_policy(policy):
+    global POLICY, RELAXED, GRADIENT_POLICY, MID_TRAINING_COLLECTIVES
+    os.environ["HVD_ELASTIC_POLICY"] = POLICY = policy
+    RELAXED = POLICY not in ("bsp", "lbbsp")
+    GRADIENT_POLICY = POLICY in ("asp", "ssp", "dssp", "zipline")
+    # zipline may hold a rank at a barrier until another rank has pushed *more* steps than this script gives it, so
+    # a collective called mid-training (a broadcast, a barrier, building another optimizer), or a second optimizer
+    # stepped in turn with the first, can deadlock: there the checks call collectives only before the first step or
+    # after finish(), and step several optimizers one after the other (docs/horovod-compat.md).
+    MID_TRAINING_COLLECTIVES = POLICY != "zipline"
 
 
 def same_everywhere(value, what):
@@ -375,24 +382,37 @@ CHECKS = [check_two_optimizers, check_wbsp_second_optimizer_while_first_lives, c
           check_backward_passes_per_step, check_sparse_gradients, check_refused_arguments]
 
 
+def leave_unfinished(tag):
+    """An optimizer the script never finishes (relaxed: the exit handler finishes it and says so in one line)."""
+    model = mlp(14)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=named(model, tag))
+    train(model, opt, batches(14), 3 + (2 * hvd.rank() if RELAXED else 0))   # relaxed: ranks end apart
+    return model, opt
+
+
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("checks", nargs="*", help="only these checks (default: every one)")
+    ap.add_argument("--policies", default=os.environ.get("HVD_ELASTIC_POLICY", "bsp"))
+    args = ap.parse_args()
     hvd.init()
     torch.set_num_threads(1)
     os.environ.setdefault("HVD_ELASTIC_REPORT", "0")
     hvd.DistributedOptimizer = hvde.DistributedOptimizer     # the one-line swap by assignment
-    only = sys.argv[1:]
-    for check in CHECKS:
-        name = check.__name__[len("check_"):]
-        if only and name not in only:
-            continue
-        check()
-        if hvd.rank() == 0:
-            print(f"check {name}: ok", flush=True)
-    # Left unfinished on purpose: the exit handler finishes it (relaxed policies) and says so in one line.
-    model = mlp(14)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters())
-    train(model, opt, batches(14), 3 + (2 * hvd.rank() if RELAXED else 0))   # relaxed: ranks end apart
+    policies = args.policies.split(",")
+    left = []
+    for i, policy in enumerate(policies):
+        set_policy(policy)
+        for check in CHECKS:
+            name = check.__name__[len("check_"):]
+            if args.checks and name not in args.checks:
+                continue
+            check()
+            if hvd.rank() == 0:
+                print(f"check {policy} {name}: ok", flush=True)
+        if policy == "bsp" or i == len(policies) - 1:
+            left.append(leave_unfinished(f"unfinished.{policy}"))
     if hvd.rank() == 0:
         print("end of script", flush=True)
     if os.environ.get("COMPAT_RAISE_AT_END"):

@@ -143,7 +143,7 @@ class LbbspController:
         session.telemetry.add_step(compute + (t2 - t1), blocked)
         session.last_step_end = t2
 
-    def lagged_row(self, dtype=np.float64) -> np.ndarray:
+    def lagged_row(self, dtype) -> np.ndarray:
         """This rank's row of the overlapped step's table (:meth:`step_overlapped`), zeros elsewhere: the previous
         step's (step ns, samples, pass start) -- its time is known only once that step ended -- and this step's
         samples. The frontend submits its Sum-allreduce with the step's first gradient, in the gradients' `dtype`

@@ -1,7 +1,9 @@
 """Worker: train under the policy in HVD_ELASTIC_POLICY and write what the invariants need, per rank.
 
 --mode degenerate: synthetic data, plain SGD; trains first with horovod.torch.DistributedOptimizer (BSP reference)
-                   then with hvd_elastic; writes both weight vectors.
+                   then, from the same start, with hvd_elastic under each policy of --policies in turn (set in
+                   HVD_ELASTIC_POLICY, as a user would); writes the reference and each policy's weights
+                   (rank<r>.<policy>.json).
 --mode train:      scikit-learn digits, ranks loop until the global number of steps reaches a target; writes the
                    test accuracy, a hash of the final weights and the end-of-run report.
 """
@@ -24,7 +26,7 @@ def flat(model):
     return torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
 
 
-def degenerate(out_dir, steps, hidden=16):
+def degenerate(steps, hidden, policies):
     def run(make_opt):
         torch.manual_seed(7)
         model = torch.nn.Sequential(torch.nn.Linear(20, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 4))
@@ -40,17 +42,23 @@ def degenerate(out_dir, steps, hidden=16):
 
     _, ref = run(lambda o, m: hvd.DistributedOptimizer(o, named_parameters=m.named_parameters()))
     w_ref = flat(ref)
-    opt, model = run(lambda o, m: hvde.DistributedOptimizer(o, named_parameters=m.named_parameters()))
-    # The weights after finish(), which applies the ticks still on their way (under asp a rank's last step does not
-    # wait for them: read before finish, a rank misses the last tick when the peer's final push comes in a tick of
-    # its own).
-    report = hvde.finish(opt)
-    w = flat(model)
-    if w.size > 10_000:   # a large model: the comparison, not the vectors
-        return {"numel": int(w.size), "max_abs_diff": float(np.abs(w.astype(np.float64) - w_ref).max()),
-                "ref_max_abs": float(np.abs(w_ref).max()), "weights_sha256": hashlib.sha256(w.tobytes()).hexdigest(),
-                "report": report}
-    return {"w_ref": w_ref.astype(np.float64).tolist(), "w": w.astype(np.float64).tolist(), "report": report}
+    outs = {}
+    for policy in policies:
+        os.environ["HVD_ELASTIC_POLICY"] = policy
+        opt, model = run(lambda o, m: hvde.DistributedOptimizer(o, named_parameters=m.named_parameters()))
+        # The weights after finish(), which applies the ticks still on their way (under asp a rank's last step does
+        # not wait for them: read before finish, a rank misses the last tick when the peer's final push comes in a
+        # tick of its own).
+        report = hvde.finish(opt)
+        w = flat(model)
+        if w.size > 10_000:   # a large model: the comparison, not the vectors
+            outs[policy] = {"numel": int(w.size), "max_abs_diff": float(np.abs(w.astype(np.float64) - w_ref).max()),
+                            "ref_max_abs": float(np.abs(w_ref).max()),
+                            "weights_sha256": hashlib.sha256(w.tobytes()).hexdigest(), "report": report}
+        else:
+            outs[policy] = {"w_ref": w_ref.astype(np.float64).tolist(), "w": w.astype(np.float64).tolist(),
+                            "report": report}
+    return outs
 
 
 def train(out_dir, target_global_steps, batch):
@@ -101,14 +109,20 @@ def main():
     ap.add_argument("--target", type=int, default=400)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--hidden", type=int, default=16, help="degenerate mode: hidden width (90000: 2.25M parameters)")
+    ap.add_argument("--policies", default=os.environ.get("HVD_ELASTIC_POLICY", "bsp"),
+                    help="degenerate mode: the policies, in turn")
     args = ap.parse_args()
     hvd.init()
     torch.set_num_threads(1)
-    out = degenerate(args.out_dir, args.steps, args.hidden) if args.mode == "degenerate" else \
-        train(args.out_dir, args.target, args.batch)
-    out["rank"] = hvd.rank()
-    with open(os.path.join(args.out_dir, f"rank{hvd.rank()}.json"), "w") as f:
-        json.dump(out, f)
+    if args.mode == "degenerate":
+        outs = degenerate(args.steps, args.hidden, args.policies.split(","))
+    else:
+        outs = {"": train(args.out_dir, args.target, args.batch)}
+    for policy, out in outs.items():
+        out["rank"] = hvd.rank()
+        name = f"rank{hvd.rank()}.{policy}.json" if policy else f"rank{hvd.rank()}.json"
+        with open(os.path.join(args.out_dir, name), "w") as f:
+            json.dump(out, f)
 
 
 if __name__ == "__main__":

@@ -401,7 +401,7 @@ def main():
     os.environ.setdefault("HVD_ELASTIC_REPORT", "0")
     hvd.DistributedOptimizer = hvde.DistributedOptimizer     # the one-line swap by assignment
     policies = args.policies.split(",")
-    left = []
+    left = []     # the unfinished optimizers (and their models), alive until the interpreter exits
     for i, policy in enumerate(policies):
         set_policy(policy)
         for check in CHECKS:

@@ -56,7 +56,10 @@ def job_env(env=None) -> dict:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("HVD_ELASTIC_")}
     full_env.update({"PATH": BIN + os.pathsep + os.environ.get("PATH", ""), "PYTHONUNBUFFERED": "1",
                      "PYTHONPATH": os.pathsep.join([ROOT, GUARDS, os.environ.get("PYTHONPATH", "")]),
-                     "OMPI_MCA_rmaps_base_oversubscribe": "1", "HOROVOD_LOG_LEVEL": "warning"})
+                     "OMPI_MCA_rmaps_base_oversubscribe": "1", "HOROVOD_LOG_LEVEL": "warning",
+                     # A rank waiting in an MPI call spins unless told to yield; here a job's ranks and their threads
+                     # outnumber the cores (OpenMPI yields by itself only when it sees more ranks than slots)
+                     "OMPI_MCA_mpi_yield_when_idle": "1"})
     full_env.update(env or {})
     return full_env
 

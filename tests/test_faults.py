@@ -2,7 +2,11 @@
 HVD_ELASTIC_STALL_TIMEOUT plus a few seconds, non-zero, with the plugin's own line naming the rank, printed by the
 live rank (hvd_elastic/watchdog.py). Faults come from tests/workers/faults.py (TEST_FAULT*), on real launchers: each
 place a live rank can wait in (Horovod's allreduce under bsp and lbbsp, the engine under the relaxed policies, finish,
-a collective of the script's own, Keras' compiled train step) once, under one launcher or the other."""
+a collective of the script's own, Keras' compiled train step) once, under one launcher or the other.
+
+These jobs spend most of their time waiting for the stall timeout, so the module runs them side by side (at most
+PARALLEL at once, the jobs of the selected tests only); each test then reads its own job's result."""
+import concurrent.futures
 import re
 import time
 
@@ -15,15 +19,10 @@ TIMEOUT_S = 10          # HVD_ELASTIC_STALL_TIMEOUT of these jobs
 # the same host is resumed (SIGCONT) by the rank that aborts, so it reads the abort (or the launcher's SIGTERM) at
 # once (typically within 1-2 s); without that, horovodrun would wait about 10 s more before it SIGKILLs it.
 SLACK_S = 6
+PARALLEL = 3            # jobs at once: 2 ranks each, idle while they wait for the timeout
 
 
-def _fault_time(res):
-    m = re.search(r"fault: \w+ on rank \d+ at \w+ \d+ \(time ([\d.]+)\)", res.output)
-    assert m, "the fault was never injected:\n" + res.output[-3000:]
-    return float(m.group(1))
-
-
-def _run(launcher, policy, fault, step, target=100000, delay=0.02, extra=None):
+def _fault_job(launcher, policy, fault, step, target=100000, delay=0.02, extra=None):
     env = {"HVD_ELASTIC_POLICY": policy, "HVD_ELASTIC_STALL_TIMEOUT": str(TIMEOUT_S),
            "HVD_ELASTIC_EMULATE_DELAY": f"*:{delay}", "HVD_ELASTIC_REPORT": "0",
            "TEST_FAULT": fault, "TEST_FAULT_RANK": "1", "TEST_FAULT_STEP": str(step), **(extra or {})}
@@ -32,13 +31,69 @@ def _run(launcher, policy, fault, step, target=100000, delay=0.02, extra=None):
         script, args = "tests/workers/lbbsp_train.py", ["/tmp", "--mode", "train", "--steps", target]
     else:
         script, args = "tests/workers/relaxed_train.py", ["/tmp", "--mode", "train", "--target", target]
-    res = launch(launcher, 2, script, args, env=env, timeout=120)
-    end = time.time()
+    return launcher, script, args, env, 120
+
+
+RELAXED = "tests/workers/relaxed_train.py"
+STOPPED = "test_a_stopped_rank_is_named_and_the_job_ends_within_the_timeout"
+# each test's job, under the test's name: launcher, script, args, env, timeout
+JOBS = {
+    f"{STOPPED}[mpirun-bsp]": _fault_job("mpirun", "bsp", "stop", step=40),
+    f"{STOPPED}[horovodrun-asp]": _fault_job("horovodrun", "asp", "stop", step=40),
+    "test_a_stopped_rank_is_named_under_lbbsp": _fault_job("mpirun", "lbbsp", "stop", step=40),
+    "test_a_rank_killed_during_finish_is_named_at_once": _fault_job(
+        "mpirun", "asp", "kill", step="finish", target=60,
+        extra={"TEST_FAULT_DELAY": "1", "HVD_ELASTIC_STALL_TIMEOUT": "60"}),
+    "test_a_user_collective_under_zipline_runs_or_is_named": (
+        "mpirun", RELAXED, ["/tmp", "--mode", "train", "--target", 60],
+        {"HVD_ELASTIC_POLICY": "zipline", "HVD_ELASTIC_STALL_TIMEOUT": str(TIMEOUT_S), "HVD_ELASTIC_REPORT": "0",
+         "HVD_ELASTIC_EMULATE_DELAY": "0:0.2,1:0.01", "HVD_ELASTIC_LOOKAHEAD": "2",
+         "TEST_FAULT": "collective", "TEST_FAULT_RANK": "*", "TEST_FAULT_STEP": "5"}, 120),
+    "test_a_pause_shorter_than_the_timeout_is_not_a_stall": (
+        "mpirun", RELAXED, ["/tmp", "--mode", "train", "--target", 60],
+        {"HVD_ELASTIC_POLICY": "bsp", "HVD_ELASTIC_STALL_TIMEOUT": "6", "HVD_ELASTIC_REPORT": "0",
+         "TEST_FAULT": "slow", "TEST_FAULT_RANK": "1", "TEST_FAULT_STEP": "10", "TEST_FAULT_SECONDS": "4"}, 120),
+    "test_a_stopped_rank_under_keras_fit_bsp_is_named": (
+        "mpirun", "tests/workers/keras_fit.py", ["/tmp", "--mode", "policies", "--policies", "bsp", "--target", 2000],
+        {"HVD_ELASTIC_STALL_TIMEOUT": str(TIMEOUT_S), "HVD_ELASTIC_REPORT": "0",
+         "TEST_FAULT": "stop", "TEST_FAULT_RANK": "1", "TEST_FAULT_STEP": "20"}, 150),
+}
+
+
+def _launch_timed(launcher, script, args, env, timeout):
+    res = launch(launcher, 2, script, args, env=env, timeout=timeout)
+    return res, time.time()    # when the job ended: the tests measure from the fault to here
+
+
+@pytest.fixture(scope="module")
+def jobs(request):
+    """The jobs of this module's selected tests, started side by side: test name -> future of (Result, end time)."""
+    names = [item.name for item in request.session.items if item.module is request.module]
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=PARALLEL)
+    yield {name: pool.submit(_launch_timed, *JOBS[name]) for name in names}
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture
+def job(request, jobs):
+    """This test's job, once it has ended: (Result, end time)."""
+    return jobs[request.node.name].result()
+
+
+def _ended_after_fault(job):
+    """A fault job that must fail: its result and how long after the fault it ended."""
+    res, end = job
     assert not res.timed_out, "the job hung after the fault:\n" + res.output[-3000:]
     assert res.returncode != 0, res.output[-3000:]
     after_fault = end - _fault_time(res)
-    print(f"{launcher} {policy} {fault}: job ended {after_fault:.1f} s after the fault ({res.elapsed:.1f} s in all)")
+    print(f"job ended {after_fault:.1f} s after the fault ({res.elapsed:.1f} s in all)")
     return res, after_fault
+
+
+def _fault_time(res):
+    m = re.search(r"fault: \w+ on rank \d+ at \w+ \d+ \(time ([\d.]+)\)", res.output)
+    assert m, "the fault was never injected:\n" + res.output[-3000:]
+    return float(m.group(1))
 
 
 def _plugin_line_of_rank0(res, *needles, traceback_ok=False):
@@ -53,8 +108,8 @@ def _plugin_line_of_rank0(res, *needles, traceback_ok=False):
 # A frozen rank (alive, heartbeat silent): under bsp the others hang inside Horovod's own allreduce, under asp in the
 # engine; both are caught by the watchdog thread.
 @pytest.mark.parametrize("launcher,policy", [("mpirun", "bsp"), ("horovodrun", "asp")])
-def test_a_stopped_rank_is_named_and_the_job_ends_within_the_timeout(launcher, policy):
-    res, after_fault = _run(launcher, policy, "stop", step=40)
+def test_a_stopped_rank_is_named_and_the_job_ends_within_the_timeout(job, launcher, policy):
+    res, after_fault = _ended_after_fault(job)
     line = _plugin_line_of_rank0(res, "rank 1 stopped making progress", "no heartbeat for",
                                  f"HVD_ELASTIC_STALL_TIMEOUT={TIMEOUT_S} s")
     # The last step rank 0 heard of is at most the step at which rank 1 froze (steps 0..39 done).
@@ -67,9 +122,8 @@ def test_a_stopped_rank_is_named_and_the_job_ends_within_the_timeout(launcher, p
 # One rule for every policy: the watchdog names a frozen rank from heartbeats wherever the live ranks wait. lbbsp
 # waits in a place of its own (Horovod's allreduce of the weighted gradients, submitted during backward); the relaxed
 # policies all wait in the engine, as asp above.
-def test_a_stopped_rank_is_named_under_lbbsp():
-    policy = "lbbsp"
-    res, after_fault = _run("mpirun", policy, "stop", step=40)
+def test_a_stopped_rank_is_named_under_lbbsp(job):
+    res, after_fault = _ended_after_fault(job)
     _plugin_line_of_rank0(res, "rank 1 stopped making progress", "no heartbeat for",
                           f"HVD_ELASTIC_STALL_TIMEOUT={TIMEOUT_S} s")
     assert TIMEOUT_S - 1.5 <= after_fault < TIMEOUT_S + SLACK_S, after_fault
@@ -77,9 +131,8 @@ def test_a_stopped_rank_is_named_under_lbbsp():
 
 # A rank killed while the other is inside finish(): its heartbeat connection closes without a goodbye, so it is
 # named at once, long before the timeout.
-def test_a_rank_killed_during_finish_is_named_at_once():
-    res, after_fault = _run("mpirun", "asp", "kill", step="finish", target=60,
-                            extra={"TEST_FAULT_DELAY": "1", "HVD_ELASTIC_STALL_TIMEOUT": "60"})
+def test_a_rank_killed_during_finish_is_named_at_once(job):
+    res, after_fault = _ended_after_fault(job)
     # Horovod may notice the closed connection as fast as the watchdog: its error (a traceback) can then come before
     # the plugin's exit; the plugin's line is there either way.
     _plugin_line_of_rank0(res, "rank 1 lost", "killed or crashed", "rank 0 is in finish()", traceback_ok=True)
@@ -92,13 +145,8 @@ def test_a_rank_killed_during_finish_is_named_at_once():
 # on; where R holds rank 0 first, no rank progresses while both heartbeats are alive, and both ranks print one line
 # naming the collective and the zipline gate. Lookahead 2 makes the hold near-certain (rank 1 passes a barrier at
 # most every 2 steps).
-def test_a_user_collective_under_zipline_runs_or_is_named():
-    env = {"HVD_ELASTIC_POLICY": "zipline", "HVD_ELASTIC_STALL_TIMEOUT": str(TIMEOUT_S), "HVD_ELASTIC_REPORT": "0",
-           "HVD_ELASTIC_EMULATE_DELAY": "0:0.2,1:0.01", "HVD_ELASTIC_LOOKAHEAD": "2",
-           "TEST_FAULT": "collective", "TEST_FAULT_RANK": "*", "TEST_FAULT_STEP": "5"}
-    res = launch("mpirun", 2, "tests/workers/relaxed_train.py", ["/tmp", "--mode", "train", "--target", 60],
-                 env=env, timeout=120)
-    end = time.time()
+def test_a_user_collective_under_zipline_runs_or_is_named(job):
+    res, end = job
     assert not res.timed_out, "the job hung:\n" + res.output[-3000:]
     if res.returncode == 0:   # both ranks made the call and trained on
         assert res.output.count("fault: collective") == 2 and "hvd_elastic: error" not in res.output, \
@@ -112,25 +160,15 @@ def test_a_user_collective_under_zipline_runs_or_is_named():
 
 # No false alarm: a rank that pauses for less than the timeout (bsp: the other waits inside Horovod's allreduce
 # meanwhile) delays the job and nothing else.
-def test_a_pause_shorter_than_the_timeout_is_not_a_stall():
-    env = {"HVD_ELASTIC_POLICY": "bsp", "HVD_ELASTIC_STALL_TIMEOUT": "6", "HVD_ELASTIC_REPORT": "0",
-           "TEST_FAULT": "slow", "TEST_FAULT_RANK": "1", "TEST_FAULT_STEP": "10", "TEST_FAULT_SECONDS": "4"}
-    res = launch("mpirun", 2, "tests/workers/relaxed_train.py", ["/tmp", "--mode", "train", "--target", 60],
-                 env=env, timeout=120)
+def test_a_pause_shorter_than_the_timeout_is_not_a_stall(job):
+    res, _ = job
     assert res.returncode == 0, res.output[-3000:]
     assert "fault: slow on rank 1" in res.output and "hvd_elastic: error" not in res.output, res.output[-3000:]
 
 
 # Keras model.fit under bsp: the gradient allreduce runs inside the compiled train step, where no code of ours runs;
 # the batch callbacks tell the watchdog when a step is on.
-def test_a_stopped_rank_under_keras_fit_bsp_is_named():
-    env = {"HVD_ELASTIC_STALL_TIMEOUT": str(TIMEOUT_S), "HVD_ELASTIC_REPORT": "0",
-           "TEST_FAULT": "stop", "TEST_FAULT_RANK": "1", "TEST_FAULT_STEP": "20"}
-    res = launch("mpirun", 2, "tests/workers/keras_fit.py", ["/tmp", "--mode", "policies", "--policies", "bsp",
-                                                              "--target", 2000], env=env, timeout=150)
-    end = time.time()
-    assert not res.timed_out and res.returncode != 0, res.output[-3000:]
+def test_a_stopped_rank_under_keras_fit_bsp_is_named(job):
+    res, after_fault = _ended_after_fault(job)
     _plugin_line_of_rank0(res, "rank 1 stopped making progress", "no heartbeat for")
-    after_fault = end - _fault_time(res)
-    print(f"keras bsp stop: job ended {after_fault:.1f} s after the fault ({res.elapsed:.1f} s in all)")
     assert TIMEOUT_S - 1.5 <= after_fault < TIMEOUT_S + SLACK_S, after_fault

@@ -97,7 +97,7 @@ def _rank_env(site):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HVD_ELASTIC_") and k != "PYTHONPATH"}
     env.update({"PATH": BIN + os.pathsep + os.environ.get("PATH", ""), "PYTHONPATH": site, "PYTHONUNBUFFERED": "1",
                 "PYTHONNOUSERSITE": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1", "HOROVOD_LOG_LEVEL": "warning",
-                "HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_REPORT": "0"})
+                "OMPI_MCA_mpi_yield_when_idle": "1", "HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_REPORT": "0"})
     return env
 
 

@@ -7,9 +7,12 @@ import sys
 from typing import Dict, List, Optional, Sequence
 
 CLUSTER_NET = os.environ.get("HVDE_CLUSTER_NET", "10.213.0")   # ci/cluster.sh's subnet
-# OpenMPI across the cluster: TCP only, pinned to the cluster's subnet (ci/cluster.sh, "Launcher options")
+# OpenMPI across the cluster: TCP only, pinned to the cluster's subnet (ci/cluster.sh, "Launcher options"); a rank
+# waiting in MPI yields its core instead of spinning, since the cluster's hosts share this machine's cores (one slot
+# per host is not oversubscribed in OpenMPI's eyes, so it would spin, which real hosts' own cores would absorb)
 MPI_CLUSTER_OPTIONS = ["--mca", "pml", "ob1", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include",
-                       f"{CLUSTER_NET}.0/24", "--mca", "oob_tcp_if_include", f"{CLUSTER_NET}.0/24"]
+                       f"{CLUSTER_NET}.0/24", "--mca", "oob_tcp_if_include", f"{CLUSTER_NET}.0/24",
+                       "--mca", "mpi_yield_when_idle", "1"]
 
 
 def launch_command(launcher: str, np_: int, program: Sequence[str], hosts: Optional[Sequence[str]] = None,

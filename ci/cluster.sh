@@ -49,10 +49,12 @@
 #        in ~/.horovod for an hour)
 #   mpirun --allow-run-as-root -np 4 -H hvde-h1,hvde-h2,hvde-h3,hvde-h4 \
 #       --mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include 10.213.0.0/24 \
-#       --mca oob_tcp_if_include 10.213.0.0/24 -x PATH python x.py
+#       --mca oob_tcp_if_include 10.213.0.0/24 --mca mpi_yield_when_idle 1 -x PATH python x.py
 #       (OpenMPI 4.1.4 also ran here with none of the --mca options, because a host has only lo and hvde0 and the
 #        launcher's other addresses are unreachable from it; they make it deterministic: the *_if_include pin data
 #        and control traffic to the bridge subnet, pml ob1 + btl self,tcp keep UCX and shared memory out.)
+#       --mca mpi_yield_when_idle 1: the hosts share this machine's cores, and with one slot per host OpenMPI does
+#       not see oversubscription, so a rank waiting in MPI would spin and take a core from the others' compute.
 #   horovodrun without --gloo builds such an mpirun itself (btl_tcp_if_include hvde0, a name valid everywhere).
 #   A link that dies mid-job (ip link set hvde-hK-br down): Gloo ranks give up after HOROVOD_GLOO_TIMEOUT_SECONDS
 #   (default 30 s) and horovodrun ends the job with an error; under mpirun the job hangs (btl tcp has no timeout),
@@ -83,7 +85,7 @@ SSH_HOME="$(getent passwd "$(id -u)" | cut -d: -f6)"   # ssh reads ~/.ssh from t
 SSH_HOME="${SSH_HOME:-$HOME}"
 SSH_CONFIG="$SSH_HOME/.ssh/config"
 DEFAULT_PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-MPI_MCA="--mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include $SUBNET --mca oob_tcp_if_include $SUBNET"
+MPI_MCA="--mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include $SUBNET --mca oob_tcp_if_include $SUBNET --mca mpi_yield_when_idle 1"
 
 log() { echo "[cluster] $*" >&2; }
 die() { echo "$PROG: $*" >&2; exit 1; }   # one line on stderr, non-zero exit

@@ -3,6 +3,8 @@
 No mock: these are the launchers users run. The venv's bin folder goes first on PATH so that horovodrun's
 ranks run the same interpreter as the tests.
 """
+import concurrent.futures
+import contextlib
 import dataclasses
 import os
 import re
@@ -82,3 +84,26 @@ def run(cmd, env, timeout) -> Result:
         out, _ = proc.communicate()
         timed_out = True
     return Result(proc.returncode, out, time.perf_counter() - t0, timed_out)
+
+
+def selected(request, names):
+    """Of `names` (test names of request's module), those of the tests this session runs, in their order."""
+    chosen = [item.name for item in request.session.items if item.module is request.module]
+    return [n for n in chosen if n in names]
+
+
+@contextlib.contextmanager
+def side_by_side(jobs: dict, parallel: int):
+    """Run jobs that mostly wait (stall timeouts, elastic rendezvous) at most `parallel` at once: `jobs` maps a name
+    to a callable returning a Result; yields name -> future of (Result, time.time() when the job ended). Leaving the
+    block cancels the jobs not started and waits for the others."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=parallel)
+
+    def timed(fn):
+        res = fn()
+        return res, time.time()
+
+    try:
+        yield {name: pool.submit(timed, fn) for name, fn in jobs.items()}
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

@@ -6,13 +6,12 @@ a collective of the script's own, Keras' compiled train step) once, under one la
 
 These jobs spend most of their time waiting for the stall timeout, so the module runs them side by side (at most
 PARALLEL at once, the jobs of the selected tests only); each test then reads its own job's result."""
-import concurrent.futures
+import functools
 import re
-import time
 
 import pytest
 
-from launch import launch
+from launch import launch, selected, side_by_side
 
 TIMEOUT_S = 10          # HVD_ELASTIC_STALL_TIMEOUT of these jobs
 # After the fault the job must end within the timeout plus this: the stall check runs every 0.2 s, a frozen rank on
@@ -60,23 +59,18 @@ JOBS = {
 }
 
 
-def _launch_timed(launcher, script, args, env, timeout):
-    res = launch(launcher, 2, script, args, env=env, timeout=timeout)
-    return res, time.time()    # when the job ended: the tests measure from the fault to here
-
-
 @pytest.fixture(scope="module")
 def jobs(request):
     """The jobs of this module's selected tests, started side by side: test name -> future of (Result, end time)."""
-    names = [item.name for item in request.session.items if item.module is request.module]
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=PARALLEL)
-    yield {name: pool.submit(_launch_timed, *JOBS[name]) for name in names}
-    pool.shutdown(wait=True, cancel_futures=True)
+    names = selected(request, JOBS)
+    runs = {n: functools.partial(launch, JOBS[n][0], 2, *JOBS[n][1:]) for n in names}
+    with side_by_side(runs, PARALLEL) as futures:
+        yield futures
 
 
 @pytest.fixture
 def job(request, jobs):
-    """This test's job, once it has ended: (Result, end time)."""
+    """This test's job, once it has ended: (Result, time.time() when it ended)."""
     return jobs[request.node.name].result()
 
 

@@ -94,7 +94,7 @@ def selected(request, names):
 
 @contextlib.contextmanager
 def side_by_side(jobs: dict, parallel: int):
-    """Run jobs that mostly wait (stall timeouts, elastic rendezvous) at most `parallel` at once: `jobs` maps a name
+    """Run jobs that mostly wait (e.g. for a stall timeout) at most `parallel` at once: `jobs` maps a name
     to a callable returning a Result; yields name -> future of (Result, time.time() when the job ended). Leaving the
     block cancels the jobs not started and waits for the others."""
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=parallel)

@@ -196,7 +196,7 @@ def _run_attacked(launcher, out_dir, target):
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_strangers_cannot_stop_or_disturb_a_job(launcher, tmp_path):
     t0 = time.perf_counter()
-    rc, out, running_after_attack = _run_attacked(launcher, tmp_path, target=800)
+    rc, out, running_after_attack = _run_attacked(launcher, tmp_path, target=1600)
     print(f"{launcher}: job {time.perf_counter() - t0:.1f} s")
     assert rc == 0, out[-3000:]
     assert "STRANGER" not in out and "hvd_elastic: error" not in out, out[-3000:]

@@ -3,7 +3,9 @@
 --mode degenerate: synthetic data, plain SGD; trains first with horovod.torch.DistributedOptimizer (BSP reference)
                    then, from the same start, with hvd_elastic under each policy of --policies in turn (the
                    policy as the optimizer's keyword); writes each policy's distance to the reference, its
-                   weights' hash and its report (rank<r>.<policy>.json).
+                   weights' hash and its report (rank<r>.<policy>.json). --backward-delay makes backward that
+                   many seconds longer (a sleep between the last layer's gradients and the first layer's, as a deeper
+                   model's backward takes), so that a streamed push has a backward to overlap with.
 --mode train:      scikit-learn digits, ranks loop until the global number of steps reaches a target; writes the
                    test accuracy, a hash of the final weights and the end-of-run report.
 """
@@ -11,6 +13,7 @@ import argparse
 import hashlib
 import json
 import os
+import time
 
 import horovod.torch as hvd
 import numpy as np
@@ -26,10 +29,14 @@ def flat(model):
     return torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
 
 
-def degenerate(steps, hidden, policies):
+def degenerate(steps, hidden, policies, backward_delay=0.0):
     def run(make_opt):
         torch.manual_seed(7)
         model = torch.nn.Sequential(torch.nn.Linear(20, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 4))
+        if backward_delay > 0:
+            def slow_backward(module, inputs, out):   # the gradient reaching the tanh's output: after the last
+                out.register_hook(lambda g: time.sleep(backward_delay))   # layer's gradients, before the first's
+            model[1].register_forward_hook(slow_backward)
         opt = make_opt(torch.optim.SGD(model.parameters(), lr=0.2), model)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         g = torch.Generator().manual_seed(5 + hvd.rank())
@@ -105,6 +112,8 @@ def main():
     ap.add_argument("--target", type=int, default=400)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--hidden", type=int, default=16, help="degenerate mode: hidden width (90000: 2.25M parameters)")
+    ap.add_argument("--backward-delay", type=float, default=0.0,
+                    help="degenerate mode: seconds of sleep inside each backward")
     ap.add_argument("--policies", default=os.environ.get("HVD_ELASTIC_POLICY", "bsp"),
                     help="degenerate mode: the policies, in turn")
     args = ap.parse_args()
@@ -113,7 +122,8 @@ def main():
     rank = hvd.rank()
     if args.mode == "degenerate":
         outs = {f"rank{rank}.{policy}.json": out
-                for policy, out in degenerate(args.steps, args.hidden, args.policies.split(",")).items()}
+                for policy, out in degenerate(args.steps, args.hidden, args.policies.split(","),
+                                              args.backward_delay).items()}
     else:
         outs = {f"rank{rank}.json": train(args.out_dir, args.target, args.batch)}
     for name, out in outs.items():

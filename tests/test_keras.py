@@ -3,11 +3,11 @@ engine as PyTorch.
 
 - bsp: model.fit (graph mode) and a GradientTape loop give the weights of a single-process run over the combined
   batch (plain SGD), identical on both ranks, from different initial weights (the broadcast fixes them);
-- relaxed policies under model.fit (one launch, policy= keyword: asp for the gradient policies, zipline for
-  barriers), plus a custom loop under wbsp with Adam (deltas, per-rank optimizer state): identical weights on every
-  rank, nothing lost (applied_contributions == sum of pushed), the policy's bound holds, and the model learns digits
-  with rank 1 an emulated straggler (the staleness bounds of ssp and dssp are the engine's, the same for every
-  frontend: tests/test_engine.py, tests/test_engine_pacing.py);
+- relaxed policies under model.fit (policy= keyword: asp for the gradient policies, zipline for barriers; in the
+  bsp checks' launch, after them), plus a custom loop under wbsp with Adam (deltas, per-rank optimizer state):
+  identical weights on every rank, nothing lost (applied_contributions == sum of pushed), the policy's bound holds,
+  and the model learns digits with rank 1 an emulated straggler (the staleness bounds of ssp and dssp are the
+  engine's, the same for every frontend: tests/test_engine.py, tests/test_engine_pacing.py);
 - torch then Keras in one process (horovodrun, ssp);
 - bad input: one clear line on every rank, no hang (the messages themselves: tests/test_config.py, test_lbbsp.py).
 TF start-up costs ~10 s per rank here, so each launch checks several properties.
@@ -16,6 +16,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 
 from launch import launch
 
@@ -29,8 +30,21 @@ def _run(launcher, tmp_path, args, env=None, timeout=300):
     return res, [json.load(open(os.path.join(tmp_path, f"rank{r}.json"))) for r in range(2)]
 
 
-def test_bsp_fit_and_custom_loop_equal_single_process_sgd_on_combined_batch(tmp_path):
-    res, (r0, r1) = _run("mpirun", tmp_path, ["--mode", "bsp", "--steps", "12", "--batch", "16"])
+FIT = ("asp", "zipline")
+
+
+@pytest.fixture(scope="module")
+def fit_job(tmp_path_factory):
+    """One mpirun job: the bsp checks, then the relaxed policies under model.fit and wbsp's custom loop, with rank 1
+    a straggler (sleep: bsp's weights do not depend on it)."""
+    out = tmp_path_factory.mktemp("keras_fit")
+    env = {**STRAGGLER, "HVD_ELASTIC_LOOKAHEAD": "6"}
+    return _run("mpirun", out, ["--mode", "bsp,policies", "--steps", "12", "--batch", "16",
+                                "--policies", ",".join(FIT), "--custom-loop", "wbsp", "--target", "300"], env=env)
+
+
+def test_bsp_fit_and_custom_loop_equal_single_process_sgd_on_combined_batch(fit_job):
+    res, (r0, r1) = fit_job
     w_ref = np.asarray(r0["w_ref"])
     for key in ("w_fit", "w_loop"):
         np.testing.assert_allclose(np.asarray(r0[key]), w_ref, rtol=0, atol=2e-6, err_msg=key)
@@ -42,13 +56,8 @@ def test_bsp_fit_and_custom_loop_equal_single_process_sgd_on_combined_batch(tmp_
     assert len(res.lines_with("hvd_elastic report: policy=bsp, 2 ranks")) == 2   # fit, then the custom loop
 
 
-FIT = ("asp", "zipline")
-
-
-def test_relaxed_policies_under_fit_keep_replicas_identical_and_lose_nothing(tmp_path):
-    env = {**STRAGGLER, "HVD_ELASTIC_LOOKAHEAD": "6"}
-    _, ranks = _run("mpirun", tmp_path, ["--mode", "policies", "--policies", ",".join(FIT),
-                                         "--custom-loop", "wbsp", "--target", "300"], env=env)
+def test_relaxed_policies_under_fit_keep_replicas_identical_and_lose_nothing(fit_job):
+    _, ranks = fit_job
     runs = list(zip(ranks[0]["runs"], ranks[1]["runs"]))
     assert [a["policy"] for a, _ in runs] == list(FIT) + ["wbsp"]
     for a, b in runs:

@@ -3,7 +3,8 @@ own address, host name and sshd), launched as on a real cluster (ssh in, TCP bet
 
 Every policy under both launchers (PyTorch), Keras model.fit under bsp and asp (horovodrun), elastic bsp, and the
 fault paths: a rank stopped (SIGSTOP) on another host and a host's link cut mid-run are named by the watchdog and end
-the job on every live rank. Needs root and `ip netns` (CI runs as root); skipped with the reason elsewhere.
+the job on every live rank (the two fault jobs run side by side). Needs root and `ip netns` (CI runs as root);
+skipped with the reason elsewhere.
 """
 import json
 import os
@@ -16,7 +17,7 @@ import time
 
 import pytest
 
-from launch import BIN, ROOT, job_env, run
+from launch import BIN, ROOT, Result, job_env, run, selected, side_by_side
 
 HOSTS = [f"hvde-h{k}" for k in range(1, 5)]
 NET = "10.213.0"
@@ -89,23 +90,19 @@ def _fault_time(res):
     return float(m.group(1))
 
 
-def test_a_stopped_rank_on_another_host_is_named(cluster):
+def _stopped_rank_job():
+    """mpirun on hvde-h1..h3: rank 2 (on hvde-h3) is stopped (SIGSTOP) at its step 30."""
     env = {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_STALL_TIMEOUT": str(STALL_S), "HVD_ELASTIC_REPORT": "0",
            "HVD_ELASTIC_EMULATE_DELAY": "*:0.01", "TEST_FAULT": "stop", "TEST_FAULT_RANK": "2",
            "TEST_FAULT_STEP": "30"}
-    res = _launch("mpirun", "tests/workers/relaxed_train.py", ["/tmp", "--mode", "train", "--target", 100000],
-                  env=env, timeout=120)
-    end = time.time()
-    assert not res.timed_out and res.returncode != 0, res.output[-3000:]
-    named = [ln for ln in res.output.splitlines() if "hvd_elastic: error" in ln and "rank 2" in ln
-             and "no heartbeat" in ln]
-    assert named, res.output[-3000:]
-    assert end - _fault_time(res) < STALL_S + 15, end - _fault_time(res)
+    return _launch("mpirun", "tests/workers/relaxed_train.py", ["/tmp", "--mode", "train", "--target", 100000],
+                   env=env, timeout=120, np=3)
 
 
-def test_a_cut_link_is_named_and_the_job_ends(cluster):
-    """hvde-h4's link goes down mid-run, once rank 3 has trained 30 steps (Horovod's start-up over Gloo's rendezvous
-    is over): its heartbeats stop reaching rank 0's hub, the watchdog names rank 3 and every live rank ends."""
+def _cut_link_job():
+    """horovodrun on the 4 hosts: hvde-h4's link goes down once rank 3 has trained 30 steps (Horovod's start-up
+    over Gloo's rendezvous is over). A Result whose `elapsed` is the time from the cut to the job's end (-1: no
+    cut, or the job outlived it by the bound)."""
     env = {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_STALL_TIMEOUT": str(STALL_S), "HVD_ELASTIC_REPORT": "0",
            "HVD_ELASTIC_EMULATE_DELAY": "*:0.01", "TEST_FAULT": "slow", "TEST_FAULT_RANK": "3",
            "TEST_FAULT_STEP": "30", "TEST_FAULT_SECONDS": "0"}     # "slow" for 0 s: only the line that says "now"
@@ -123,21 +120,58 @@ def test_a_cut_link_is_named_and_the_job_ends(cluster):
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
+    ended, timed_out = -1.0, False
     try:
-        assert marked.wait(120), "rank 3 never reached step 30:\n" + "".join(lines)[-3000:]
-        cut = time.time()
-        subprocess.run(["ip", "link", "set", "hvde-h4-br", "down"], check=True)
-        proc.wait(timeout=STALL_S + 60)
-        ended = time.time() - cut
+        if marked.wait(120):
+            cut = time.time()
+            subprocess.run(["ip", "link", "set", "hvde-h4-br", "down"], check=True)
+            try:
+                proc.wait(timeout=STALL_S + 60)
+                ended = time.time() - cut
+            except subprocess.TimeoutExpired:
+                timed_out = True
         reader.join(10)
     finally:
         subprocess.run(["ip", "link", "set", "hvde-h4-br", "up"], check=False)
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
+            proc.wait()
     out = "".join(lines)
-    assert proc.returncode != 0, out[-3000:]
-    assert [ln for ln in out.splitlines() if "hvd_elastic: error" in ln and "rank 3" in ln], out[-3000:]
-    assert ended < STALL_S + 30, ended
+    if not marked.is_set():
+        out = "rank 3 never reached step 30:\n" + out
+    return Result(proc.returncode, out, ended, timed_out)
+
+
+FAULT_JOBS = {"test_a_stopped_rank_on_another_host_is_named": _stopped_rank_job,
+              "test_a_cut_link_is_named_and_the_job_ends": _cut_link_job}
+
+
+@pytest.fixture(scope="module")
+def fault_jobs(cluster, request):
+    """The two fault jobs, side by side (both mostly wait for the stall timeout; the link cut is hvde-h4's, a host
+    the stopped-rank job does not use): test name -> future of (Result, time.time() when the job ended)."""
+    runs = {name: FAULT_JOBS[name] for name in selected(request, FAULT_JOBS)}
+    with side_by_side(runs, len(FAULT_JOBS)) as futures:
+        yield futures
+
+
+def test_a_stopped_rank_on_another_host_is_named(fault_jobs):
+    res, end = fault_jobs["test_a_stopped_rank_on_another_host_is_named"].result()
+    assert not res.timed_out and res.returncode != 0, res.output[-3000:]
+    named = [ln for ln in res.output.splitlines() if "hvd_elastic: error" in ln and "rank 2" in ln
+             and "no heartbeat" in ln]
+    assert named, res.output[-3000:]
+    assert end - _fault_time(res) < STALL_S + 15, end - _fault_time(res)
+
+
+def test_a_cut_link_is_named_and_the_job_ends(fault_jobs):
+    """Its heartbeats stop reaching rank 0's hub, the watchdog names rank 3 and every live rank ends."""
+    res, _ = fault_jobs["test_a_cut_link_is_named_and_the_job_ends"].result()
+    assert res.elapsed >= 0 and not res.timed_out, res.output[-3000:]
+    assert res.returncode != 0, res.output[-3000:]
+    assert [ln for ln in res.output.splitlines() if "hvd_elastic: error" in ln and "rank 3" in ln], \
+        res.output[-3000:]
+    assert res.elapsed < STALL_S + 30, res.elapsed
 
 
 def test_elastic_bsp_recovers_across_hosts(cluster, tmp_path):

@@ -8,6 +8,7 @@
                  local steps and report per run.
 --mode mixed:    a torch job (hvd_elastic.torch) then a Keras job (hvd_elastic.keras) in the same process.
 --mode config:   only build the optimizer (bad-input tests).
+--mode takes a comma-separated list of bsp and policies: both in one process, in that order, in one output.
 """
 import argparse
 import hashlib
@@ -204,25 +205,28 @@ def mixed(target, batch):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out_dir")
-    ap.add_argument("--mode", choices=["bsp", "policies", "mixed", "config"], required=True)
+    ap.add_argument("--mode", required=True, help="bsp|policies|mixed|config (bsp,policies: both)")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--target", type=int, default=300)
     ap.add_argument("--policies", default="")
     ap.add_argument("--custom-loop", default="")
     args = ap.parse_args()
+    modes = args.mode.split(",")
+    if modes not in (["bsp"], ["policies"], ["bsp", "policies"], ["mixed"], ["config"]):
+        ap.error(f"--mode {args.mode!r}: one of bsp, policies, bsp,policies, mixed, config")
     hvd.init()
     out = {"rank": hvd.rank()}
-    if args.mode == "bsp":
+    if "bsp" in modes:
         out.update(bsp(args.steps, args.batch, lr=0.3))
-    elif args.mode == "policies":
+    if "policies" in modes:
         data = digits()
         out["runs"] = [fit_run(p or None, args.target, args.batch, data) for p in args.policies.split(",") if p]
         if args.custom_loop:
             out["runs"].append(loop_run(args.custom_loop, args.target, args.batch, data))
-    elif args.mode == "mixed":
+    if modes == ["mixed"]:
         out.update(mixed(args.target, args.batch))
-    else:
+    elif modes == ["config"]:
         opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1))
         print(f"config ok on rank {hvd.rank()}: policy={opt._hvd_elastic.cfg.policy}", flush=True)
     with open(os.path.join(args.out_dir, f"rank{hvd.rank()}.json"), "w") as f:

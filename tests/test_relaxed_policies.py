@@ -2,31 +2,47 @@
 real model -- a large model's streamed pushes, asp's fast ranks running ahead of a straggler, zipline's barriers and
 wbsp's downloads under a straggler, each with the invariants (nothing lost, identical replicas) and learning.
 
-Each policy is trained on 4 ranks (rank 3 ten times slower, injected as sleep) until a global budget of steps. The
-engine's logic under scripted schedules (the staleness bounds reached and kept, degenerate settings giving BSP's
-weights, zipline at the bound, join and auto tick pacing, own pushes in flight, wbsp's measured slowest rank) is
-tested in one process: tests/test_engine.py and tests/test_engine_pacing.py, which also hold the exact figures of
-each speed claim. Here a speed claim is checked with the margin that separates it from lock-step, since a loaded
-machine blurs the figures. These run under mpirun: on a 2-core machine a Gloo collective takes 20-40 ms under load
-(MPI: about 5 ms), longer than the fast ranks' step, so under horovodrun --gloo the tick latency, not the straggler,
-bounds the fast ranks (docs/design.md).
+Each policy is trained on 4 ranks (rank 3 ten times slower, injected as sleep) until a global budget of steps, one
+policy after the other in one job (the policy and its knobs as the optimizer's keywords). The engine's logic under
+scripted schedules (the staleness bounds reached and kept, degenerate settings giving BSP's weights, zipline at the
+bound, join and auto tick pacing, own pushes in flight, wbsp's measured slowest rank) is tested in one process:
+tests/test_engine.py and tests/test_engine_pacing.py, which also hold the exact figures of each speed claim. Here a
+speed claim is checked with the margin that separates it from lock-step, since a loaded machine blurs the figures.
+These run under mpirun: on a 2-core machine a Gloo collective takes 20-40 ms under load (MPI: about 5 ms), longer
+than the fast ranks' step, so under horovodrun --gloo the tick latency, not the straggler, bounds the fast ranks
+(docs/design.md).
 """
 import json
 import os
 
-from launch import launch
+import pytest
+
+from launch import launch, selected
 
 STRAGGLER = {"HVD_ELASTIC_EMULATE_DELAY": "*:0.002,3:0.02"}
 
 
-def _ranks(path, n):
-    return [json.load(open(os.path.join(path, f"rank{r}.json"))) for r in range(n)]
+# test -> its run of the straggler job: the optimizer's keywords (the policy and its knobs; "target": the global
+# steps). The selected tests' runs go in one job, one after the other from the same start.
+RUNS = {
+    "test_asp_never_waits_and_fast_ranks_run_ahead": {"policy": "asp", "target": 1200},
+    # Every rank predicts from the same tick-delivered history, so it places the same barriers on all.
+    "test_zipline_barriers_bound_iterations_and_replicas_match_at_every_barrier": {
+        "policy": "zipline", "lookahead": 6, "predictor": "last"},
+    "test_wbsp_downloads_only_models_that_include_the_slowest_upload": {"policy": "wbsp", "wbsp_overlap": True},
+}
 
 
-def _run(launcher, env, tmp_path, np_=4, args=("--mode", "train", "--target", "800")):
-    res = launch(launcher, np_, "tests/workers/relaxed_train.py", [tmp_path, *args], env=env, timeout=240)
+@pytest.fixture(scope="module")
+def straggler_runs(request, tmp_path_factory):
+    """policy -> the 4 ranks' outputs of its run in the straggler job (4 ranks, rank 3 ten times slower)."""
+    runs = [RUNS[name] for name in selected(request, RUNS)]
+    out = tmp_path_factory.mktemp("straggler")
+    res = launch("mpirun", 4, "tests/workers/relaxed_train.py",
+                 [out, "--mode", "train", "--target", "800", "--runs", json.dumps(runs)], env=STRAGGLER, timeout=400)
     assert res.returncode == 0 and not res.timed_out, res.output[-4000:]
-    return _ranks(tmp_path, np_)
+    return {run["policy"]: [json.load(open(os.path.join(out, f"rank{r}.{run['policy']}.json"))) for r in range(4)]
+            for run in runs}
 
 
 def test_streamed_pushes_of_a_large_model_keep_bsp_weights_and_every_update(tmp_path):
@@ -92,9 +108,8 @@ def _common_invariants(ranks, policy):
     return reports
 
 
-def test_asp_never_waits_and_fast_ranks_run_ahead(tmp_path):
-    reports = _common_invariants(_run("mpirun", {"HVD_ELASTIC_POLICY": "asp", **STRAGGLER}, tmp_path,
-                                      args=("--mode", "train", "--target", "1200")), "asp")
+def test_asp_never_waits_and_fast_ranks_run_ahead(straggler_runs):
+    reports = _common_invariants(straggler_runs["asp"], "asp")
     # The exact bounds (wait share under 0.5 / 1.5 from peer alignment, the straggler's gradients 5x staler than the
     # fast ranks', fast ranks 3x its steps) hold on scripted step times in the harness (tests/test_engine_pacing.py).
     # Here, on real ranks of a loaded 2-core machine, each is checked with the margin that separates asp from
@@ -112,11 +127,8 @@ def test_asp_never_waits_and_fast_ranks_run_ahead(tmp_path):
     assert min(fast_steps) > 1.2 * reports[3]["steps"], [rep["steps"] for rep in reports]
 
 
-def test_zipline_barriers_bound_iterations_and_replicas_match_at_every_barrier(tmp_path):
-    # Every rank predicts from the same tick-delivered history, so it places the same barriers on all.
-    env = {"HVD_ELASTIC_POLICY": "zipline", "HVD_ELASTIC_LOOKAHEAD": "6", "HVD_ELASTIC_PREDICTOR": "last",
-           **STRAGGLER}
-    reports = _common_invariants(_run("mpirun", env, tmp_path), "zipline")
+def test_zipline_barriers_bound_iterations_and_replicas_match_at_every_barrier(straggler_runs):
+    reports = _common_invariants(straggler_runs["zipline"], "zipline")
     counters = [rep["counters"] for rep in reports]
     assert counters[0]["barriers"] >= 5, counters[0]
     assert len({c["barriers"] for c in counters}) == 1
@@ -127,9 +139,8 @@ def test_zipline_barriers_bound_iterations_and_replicas_match_at_every_barrier(t
     # measured step times, which a loaded machine blurs: tests/test_engine_pacing.py checks it on scripted times.
 
 
-def test_wbsp_downloads_only_models_that_include_the_slowest_upload(tmp_path):
-    env = {"HVD_ELASTIC_POLICY": "wbsp", "HVD_ELASTIC_WBSP_OVERLAP": "1", **STRAGGLER}
-    reports = _common_invariants(_run("mpirun", env, tmp_path), "wbsp")
+def test_wbsp_downloads_only_models_that_include_the_slowest_upload(straggler_runs):
+    reports = _common_invariants(straggler_runs["wbsp"], "wbsp")
     for rep in reports:
         c = rep["counters"]
         assert c["wbsp_slowest_rank"] == 3, c                 # measured, not configured

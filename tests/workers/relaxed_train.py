@@ -7,7 +7,10 @@
                    many seconds longer (a sleep between the last layer's gradients and the first layer's, as a deeper
                    model's backward takes), so that a streamed push has a backward to overlap with.
 --mode train:      scikit-learn digits, ranks loop until the global number of steps reaches a target; writes the
-                   test accuracy, a hash of the final weights and the end-of-run report.
+                   test accuracy, a hash of the final weights and the end-of-run report (rank<r>.json). With --runs
+                   (a JSON list of the optimizer's keywords, e.g. [{"policy": "asp"}, {"policy": "zipline",
+                   "lookahead": 6}], "target" overriding --target), one run after the other in one process, each
+                   from the same start: rank<r>.<policy>.json.
 """
 import argparse
 import hashlib
@@ -64,7 +67,7 @@ def degenerate(steps, hidden, policies, backward_delay=0.0):
     return outs
 
 
-def train(out_dir, target_global_steps, batch):
+def train(out_dir, target_global_steps, batch, **knobs):
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
     x, y = load_digits(return_X_y=True)
@@ -74,7 +77,7 @@ def train(out_dir, target_global_steps, batch):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     opt = hvde.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5),
-                                    named_parameters=model.named_parameters())
+                                    named_parameters=model.named_parameters(), **knobs)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     if os.environ.get("TEST_WRITE_HUB") and hvd.rank() == 0:   # test-only: where tests/test_side_channel.py knocks
         from hvd_elastic import watchdog
@@ -112,6 +115,7 @@ def main():
     ap.add_argument("--target", type=int, default=400)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--hidden", type=int, default=16, help="degenerate mode: hidden width (90000: 2.25M parameters)")
+    ap.add_argument("--runs", default="", help="train mode: a JSON list of runs (the optimizer's keywords)")
     ap.add_argument("--backward-delay", type=float, default=0.0,
                     help="degenerate mode: seconds of sleep inside each backward")
     ap.add_argument("--policies", default=os.environ.get("HVD_ELASTIC_POLICY", "bsp"),
@@ -124,6 +128,14 @@ def main():
         outs = {f"rank{rank}.{policy}.json": out
                 for policy, out in degenerate(args.steps, args.hidden, args.policies.split(","),
                                               args.backward_delay).items()}
+    elif args.runs:
+        outs = {}
+        for knobs in json.loads(args.runs):
+            knobs = dict(knobs)
+            target = knobs.pop("target", args.target)
+            print(f"run {knobs['policy']} on rank {rank}: start", flush=True)
+            outs[f"rank{rank}.{knobs['policy']}.json"] = train(args.out_dir, target, args.batch, **knobs)
+            print(f"run {knobs['policy']} on rank {rank}: end", flush=True)
     else:
         outs = {f"rank{rank}.json": train(args.out_dir, args.target, args.batch)}
     for name, out in outs.items():

@@ -88,6 +88,7 @@ POLICIES: Dict[str, Optional[Dict[str, str]]] = {
     "zipline-R15-probe": {"HVD_ELASTIC_POLICY": "zipline", "HVD_ELASTIC_LOOKAHEAD": "15",
                           "HVD_ELASTIC_TICK_PACING": "probe"},
     "lbbsp": {"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_PREDICTOR": "ewma"},
+    "lbbsp-last": {"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_PREDICTOR": "last"},
     "lbbsp-tol15": {"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_PREDICTOR": "ewma",
                     "HVD_ELASTIC_LBBSP_TOLERANCE": "0.15"},
     "wbsp": {"HVD_ELASTIC_POLICY": "wbsp"},
@@ -99,7 +100,7 @@ POLICIES: Dict[str, Optional[Dict[str, str]]] = {
     "horovod-predivide3": {"BENCH_GRADIENT_PREDIVIDE_FACTOR": "3"},
 }
 CONTROLS = ("horovod-predivide3",)            # never checked against the targets
-SYNCHRONOUS = ("horovod", "bsp", "lbbsp", "lbbsp-tol15") + CONTROLS     # staleness 0 by construction
+SYNCHRONOUS = ("horovod", "bsp", "lbbsp", "lbbsp-last", "lbbsp-tol15") + CONTROLS     # staleness 0 by construction
 BOUNDED = ("ssp-s3", "ssp-s10", "dssp")        # drawn with the synchronous ones (they wait for the straggler)
 KERAS_POLICIES = ("bsp", "asp", "ssp-s3", "zipline-R15", "lbbsp", "wbsp")
 WORKERS = {"torch": "benchmarks.torch_worker", "keras": "benchmarks.keras_worker"}

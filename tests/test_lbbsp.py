@@ -98,17 +98,17 @@ FAST, SLOW = 0.0005, 0.0015          # seconds per sample: rank 3 is 3x slower u
 
 
 def test_straggler_sizes_follow_speed_ratio_then_recovery_and_fast_ranks_stop_waiting(tmp_path):
-    args = ["--mode", "train", "--steps", STEPS, "--recover-at", RECOVER, "--recovered-delay", FAST]
-    lb_dir, bsp_dir = tmp_path / "lbbsp", tmp_path / "bsp"
-    lb_dir.mkdir(), bsp_dir.mkdir()
-    lb = _run("mpirun", 4, args, {"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_GLOBAL_BATCH": "64",
-                                  "HVD_ELASTIC_PREDICTOR": "ewma",
-                                  "HVD_ELASTIC_EMULATE_SAMPLE_DELAY": f"*:{FAST},3:{SLOW}"}, lb_dir)
-    # bsp baseline: the same per-sample costs at the even split (16 samples a rank), as per-step delays; the
-    # straggler stays slow (its wait share is lbbsp's ceiling), and fewer steps measure it
-    bsp = _run("mpirun", 4, ["--mode", "train", "--steps", 80], {
-        "HVD_ELASTIC_POLICY": "bsp", "HVD_ELASTIC_GLOBAL_BATCH": "64",
-        "HVD_ELASTIC_EMULATE_DELAY": f"*:{16 * FAST},3:{16 * SLOW}"}, bsp_dir)
+    # One job: lbbsp, then the bsp baseline -- the same per-sample costs at the even split (16 samples a rank), as
+    # per-step delays; the straggler stays slow (its wait share is lbbsp's ceiling), and fewer steps measure it.
+    runs = [{"policy": "lbbsp", "global_batch": 64, "predictor": "ewma",
+             "emulate_sample_delay": f"*:{FAST},3:{SLOW}"},
+            {"policy": "bsp", "global_batch": 64, "steps": 80, "emulate_delay": f"*:{16 * FAST},3:{16 * SLOW}"}]
+    res = launch("mpirun", 4, "tests/workers/lbbsp_train.py",
+                 [tmp_path, "--mode", "train", "--steps", STEPS, "--recover-at", RECOVER, "--recovered-delay", FAST,
+                  "--runs", json.dumps(runs)], timeout=300)
+    assert res.returncode == 0 and not res.timed_out, res.output[-4000:]
+    lb, bsp = ([json.load(open(os.path.join(tmp_path, f"rank{r}.{p}.json"))) for r in range(4)]
+               for p in ("lbbsp", "bsp"))
     sizes = np.array(lb[0]["sizes"])
     assert all(r["sizes"] == lb[0]["sizes"] for r in lb)
     assert (sizes.sum(axis=1) == 64).all()

@@ -7,7 +7,9 @@ rank, what the invariants need.
               global batch.
 --mode train: scikit-learn digits for --steps steps with LbbspSampler (bsp: random batches of B / n per rank);
               --recover-at K sets this rank's per-sample emulated delay to --recovered-delay from step K on (a
-              straggler that recovers mid-run). Records every step's sizes and the end-of-run report.
+              straggler that recovers mid-run). Records every step's sizes and the end-of-run report. With --runs
+              (a JSON list of the optimizer's keywords, e.g. [{"policy": "lbbsp"}, {"policy": "bsp", "steps":
+              80}], "steps" overriding --steps), one run after the other in one process: rank<r>.<policy>.json.
 """
 import argparse
 import copy
@@ -104,7 +106,7 @@ def check(args):
             "steps_per_epoch": len(sampler)}
 
 
-def train(args):
+def train(args, steps, **knobs):
     from sklearn.datasets import load_digits
     x, y = load_digits(return_X_y=True)
     x, y = torch.from_numpy((x / 16.0).astype(np.float32)), torch.from_numpy(y)
@@ -112,18 +114,18 @@ def train(args):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     opt = hvde.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5),
-                                    named_parameters=model.named_parameters())
+                                    named_parameters=model.named_parameters(), **knobs)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     lbbsp = opt._hvd_elastic.cfg.policy == "lbbsp"
-    B = int(os.environ.get("HVD_ELASTIC_GLOBAL_BATCH", "64"))
+    B = opt._hvd_elastic.cfg.global_batch or 64
     if lbbsp:
         loader = torch.utils.data.DataLoader(ds, batch_sampler=hvde.LbbspSampler(len(ds), opt, seed=5))
     else:
         g = torch.Generator().manual_seed(100 + hvd.rank())
-        loader = [(x[idx], y[idx]) for idx in torch.randint(0, len(ds), (args.steps, B // hvd.size()), generator=g)]
+        loader = [(x[idx], y[idx]) for idx in torch.randint(0, len(ds), (steps, B // hvd.size()), generator=g)]
     sizes, step = [], 0
     with hvde.training(opt):
-        while step < args.steps:
+        while step < steps:
             for xb, yb in loader:
                 if step == args.recover_at:
                     if lbbsp:
@@ -136,7 +138,7 @@ def train(args):
                 F.cross_entropy(model(xb), yb).backward()
                 opt.step()
                 step += 1
-                if step >= args.steps:
+                if step >= steps:
                     break
     report = opt.finish()
     with torch.no_grad():
@@ -155,13 +157,24 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--recover-at", type=int, default=-1)
     ap.add_argument("--recovered-delay", type=float, default=0.0)
+    ap.add_argument("--runs", default="", help="train mode: a JSON list of runs (the optimizer's keywords)")
     args = ap.parse_args()
     hvd.init()
     torch.set_num_threads(1)
-    out = check(args) if args.mode == "check" else train(args)
-    out["rank"] = hvd.rank()
-    with open(os.path.join(args.out_dir, f"rank{hvd.rank()}.json"), "w") as f:
-        json.dump(out, f)
+    if args.mode == "check":
+        outs = {f"rank{hvd.rank()}.json": check(args)}
+    elif args.runs:
+        outs = {}
+        for knobs in json.loads(args.runs):
+            knobs = dict(knobs)
+            steps = knobs.pop("steps", args.steps)
+            outs[f"rank{hvd.rank()}.{knobs['policy']}.json"] = train(args, steps, **knobs)
+    else:
+        outs = {f"rank{hvd.rank()}.json": train(args, args.steps)}
+    for name, out in outs.items():
+        out["rank"] = hvd.rank()
+        with open(os.path.join(args.out_dir, name), "w") as f:
+            json.dump(out, f)
 
 
 if __name__ == "__main__":

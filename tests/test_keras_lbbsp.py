@@ -40,17 +40,16 @@ FAST, SLOW = 0.001, 0.003            # seconds per sample: rank 3 is 3x slower
 
 
 def test_keras_straggler_sizes_follow_speed_ratio_and_fast_ranks_stop_waiting(tmp_path):
-    lb_dir, bsp_dir = tmp_path / "lbbsp", tmp_path / "bsp"
-    lb_dir.mkdir(), bsp_dir.mkdir()
-    args = ["--mode", "train", "--steps", STEPS]
-    lb = _run("mpirun", 4, args, {"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_GLOBAL_BATCH": "64",
-                                  "HVD_ELASTIC_PREDICTOR": "ewma",
-                                  "HVD_ELASTIC_EMULATE_SAMPLE_DELAY": f"*:{FAST},3:{SLOW}"}, lb_dir)
-    # bsp baseline: the same per-sample costs at the even split (16 samples a rank), as per-step delays; its wait
-    # share is the same from the first step on, so fewer steps measure it
-    bsp = _run("mpirun", 4, ["--mode", "train", "--steps", 80], {
-        "HVD_ELASTIC_POLICY": "bsp", "HVD_ELASTIC_GLOBAL_BATCH": "64",
-        "HVD_ELASTIC_EMULATE_DELAY": f"*:{16 * FAST},3:{16 * SLOW}"}, bsp_dir)
+    # One job: lbbsp, then the bsp baseline -- the same per-sample costs at the even split (16 samples a rank), as
+    # per-step delays; its wait share is the same from the first step on, so fewer steps measure it.
+    runs = [{"policy": "lbbsp", "global_batch": 64, "predictor": "ewma",
+             "emulate_sample_delay": f"*:{FAST},3:{SLOW}"},
+            {"policy": "bsp", "global_batch": 64, "steps": 80, "emulate_delay": f"*:{16 * FAST},3:{16 * SLOW}"}]
+    res = launch("mpirun", 4, WORKER, [tmp_path, "--mode", "train", "--steps", STEPS, "--runs", json.dumps(runs)],
+                 timeout=360)
+    assert res.returncode == 0 and not res.timed_out, res.output[-4000:]
+    lb, bsp = ([json.load(open(os.path.join(tmp_path, f"rank{r}.{p}.json"))) for r in range(4)]
+               for p in ("lbbsp", "bsp"))
     sizes = np.array(lb[0]["sizes"])
     assert all(r["sizes"] == lb[0]["sizes"] for r in lb)
     assert (sizes.sum(axis=1) == 64).all()

@@ -8,7 +8,9 @@ rank, what the invariants need.
                  the global batch (the documented shared order) from the same weights. Then checks that a
                  prefetching pipeline is refused.
 --mode train:    scikit-learn digits for --steps steps (lbbsp: lbbsp_dataset; bsp: B / n random samples a rank);
-                 records the sizes, the report and the accuracy.
+                 records the sizes, the report and the accuracy. With --runs (a JSON list of the optimizer's
+                 keywords, "steps" overriding --steps), one run after the other in one process:
+                 rank<r>.<policy>.json.
 --mode bad:      only build the optimizer (--frontend keras|tensorflow) and the dataset (bad-input tests;
                  TEST_DATASET_LEN sets the data size).
 """
@@ -138,15 +140,16 @@ def check(args):
             "steps_per_epoch": int(ds.cardinality())}
 
 
-def train(args):
+def train(args, steps=None, **knobs):
     from sklearn.datasets import load_digits
+    steps = args.steps if steps is None else steps
     x, y = load_digits(return_X_y=True)
     x, y = (x / 16.0).astype(np.float32), y.astype(np.int64)
-    B = int(os.environ.get("HVD_ELASTIC_GLOBAL_BATCH", "64"))
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
-    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.5))
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.5), **knobs)
     model.compile(optimizer=opt, loss=LOSS)
+    B = opt._hvd_elastic.cfg.global_batch or 64
     lbbsp = opt._hvd_elastic.cfg.policy == "lbbsp"
     sizes = []
 
@@ -157,11 +160,11 @@ def train(args):
     sync = hvdk.SyncCallback()
     if lbbsp:
         # One epoch of the data repeated (the bsp baseline below also runs one epoch).
-        reps = -(-args.steps * B // len(x))
+        reps = -(-steps * B // len(x))
         ds = hvdk.lbbsp_dataset(opt, (np.tile(x, (reps, 1)), np.tile(y, reps)), seed=5)
-        model.fit(ds.take(args.steps), epochs=1, verbose=0, callbacks=[sync, Sizes()])
+        model.fit(ds.take(steps), epochs=1, verbose=0, callbacks=[sync, Sizes()])
     else:
-        idx = np.random.default_rng(100 + hvd.rank()).integers(0, len(x), args.steps * (B // hvd.size()))
+        idx = np.random.default_rng(100 + hvd.rank()).integers(0, len(x), steps * (B // hvd.size()))
         model.fit(x[idx], y[idx], batch_size=B // hvd.size(), epochs=1, shuffle=False, verbose=0,
                   callbacks=[sync, Sizes()])
     acc = float((np.argmax(model.predict(x, verbose=0), 1) == y).mean())
@@ -192,12 +195,19 @@ def main():
     ap.add_argument("--frontend", choices=["keras", "tensorflow"], default="keras")
     ap.add_argument("--last-rank-late-s", type=float, default=0.0, help="--mode bad: the last rank reaches the "
                     "dataset this much later")
+    ap.add_argument("--runs", default="", help="--mode train: a JSON list of runs (the optimizer's keywords)")
     args = ap.parse_args()
     hvd.init()
-    out = {"check": check, "train": train, "bad": bad}[args.mode](args)
-    out["rank"] = hvd.rank()
-    with open(os.path.join(args.out_dir, f"rank{hvd.rank()}.json"), "w") as f:
-        json.dump(out, f)
+    if args.mode == "train" and args.runs:
+        outs = {}
+        for knobs in json.loads(args.runs):
+            outs[f"rank{hvd.rank()}.{knobs['policy']}.json"] = train(args, **knobs)
+    else:
+        outs = {f"rank{hvd.rank()}.json": {"check": check, "train": train, "bad": bad}[args.mode](args)}
+    for name, out in outs.items():
+        out["rank"] = hvd.rank()
+        with open(os.path.join(args.out_dir, name), "w") as f:
+            json.dump(out, f)
 
 
 if __name__ == "__main__":

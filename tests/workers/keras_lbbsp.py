@@ -29,6 +29,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import keras  # noqa: E402
 
 import hvd_elastic.keras as hvdk  # noqa: E402
+from runs import each_run  # noqa: E402
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -140,9 +141,8 @@ def check(args):
             "steps_per_epoch": int(ds.cardinality())}
 
 
-def train(args, steps=None, **knobs):
+def train(args, steps, **knobs):
     from sklearn.datasets import load_digits
-    steps = args.steps if steps is None else steps
     x, y = load_digits(return_X_y=True)
     x, y = (x / 16.0).astype(np.float32), y.astype(np.int64)
     keras.utils.set_random_seed(0)
@@ -199,11 +199,11 @@ def main():
     args = ap.parse_args()
     hvd.init()
     if args.mode == "train" and args.runs:
-        outs = {}
-        for knobs in json.loads(args.runs):
-            outs[f"rank{hvd.rank()}.{knobs['policy']}.json"] = train(args, **knobs)
+        outs = {f"rank{hvd.rank()}.{policy}.json": train(args, steps, **knobs)
+                for policy, steps, knobs in each_run(args.runs, "steps", args.steps)}
     else:
-        outs = {f"rank{hvd.rank()}.json": {"check": check, "train": train, "bad": bad}[args.mode](args)}
+        run = {"check": check, "train": lambda a: train(a, a.steps), "bad": bad}[args.mode]
+        outs = {f"rank{hvd.rank()}.json": run(args)}
     for name, out in outs.items():
         out["rank"] = hvd.rank()
         with open(os.path.join(args.out_dir, name), "w") as f:

@@ -27,6 +27,7 @@ import hvd_elastic.torch as hvde
 from hvd_elastic.lbbsp import batch_positions
 
 import faults
+from runs import each_run
 
 
 def flat(model):
@@ -164,11 +165,8 @@ def main():
     if args.mode == "check":
         outs = {f"rank{hvd.rank()}.json": check(args)}
     elif args.runs:
-        outs = {}
-        for knobs in json.loads(args.runs):
-            knobs = dict(knobs)
-            steps = knobs.pop("steps", args.steps)
-            outs[f"rank{hvd.rank()}.{knobs['policy']}.json"] = train(args, steps, **knobs)
+        outs = {f"rank{hvd.rank()}.{policy}.json": train(args, steps, **knobs)
+                for policy, steps, knobs in each_run(args.runs, "steps", args.steps)}
     else:
         outs = {f"rank{hvd.rank()}.json": train(args, args.steps)}
     for name, out in outs.items():

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 import hvd_elastic.torch as hvde
 
 import faults
+from runs import each_run
 
 
 def flat(model):
@@ -130,12 +131,10 @@ def main():
                                               args.backward_delay).items()}
     elif args.runs:
         outs = {}
-        for knobs in json.loads(args.runs):
-            knobs = dict(knobs)
-            target = knobs.pop("target", args.target)
-            print(f"run {knobs['policy']} on rank {rank}: start", flush=True)
-            outs[f"rank{rank}.{knobs['policy']}.json"] = train(args.out_dir, target, args.batch, **knobs)
-            print(f"run {knobs['policy']} on rank {rank}: end", flush=True)
+        for policy, target, knobs in each_run(args.runs, "target", args.target):
+            print(f"run {policy} on rank {rank}: start", flush=True)
+            outs[f"rank{rank}.{policy}.json"] = train(args.out_dir, target, args.batch, **knobs)
+            print(f"run {policy} on rank {rank}: end", flush=True)
     else:
         outs = {f"rank{rank}.json": train(args.out_dir, args.target, args.batch)}
     for name, out in outs.items():

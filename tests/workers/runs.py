@@ -1,0 +1,12 @@
+"""--runs of the training workers: several runs, one after the other in one process (one launch, one start-up),
+each an optimizer built with its own keywords."""
+import json
+
+
+def each_run(spec: str, budget_key: str, default: int):
+    """`spec`: a JSON list of the optimizer's keywords (each with "policy"); `budget_key` ("steps" or "target"), where
+    a run has it, overrides `default`. Yields (policy, budget, keywords) in order."""
+    for knobs in json.loads(spec):
+        knobs = dict(knobs)
+        budget = knobs.pop(budget_key, default)
+        yield knobs["policy"], budget, knobs

@@ -16,7 +16,6 @@ rank, what the invariants need.
 """
 import argparse
 import hashlib
-import json
 import os
 import time
 
@@ -29,7 +28,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import keras  # noqa: E402
 
 import hvd_elastic.keras as hvdk  # noqa: E402
-from runs import each_run  # noqa: E402
+from runs import each_run, write_outputs  # noqa: E402
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -204,10 +203,7 @@ def main():
     else:
         run = {"check": check, "train": lambda a: train(a, a.steps), "bad": bad}[args.mode]
         outs = {f"rank{hvd.rank()}.json": run(args)}
-    for name, out in outs.items():
-        out["rank"] = hvd.rank()
-        with open(os.path.join(args.out_dir, name), "w") as f:
-            json.dump(out, f)
+    write_outputs(args.out_dir, hvd.rank(), outs)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,6 @@ rank, what the invariants need.
 import argparse
 import copy
 import hashlib
-import json
-import os
 
 import horovod.torch as hvd
 import numpy as np
@@ -27,7 +25,7 @@ import hvd_elastic.torch as hvde
 from hvd_elastic.lbbsp import batch_positions
 
 import faults
-from runs import each_run
+from runs import each_run, write_outputs
 
 
 def flat(model):
@@ -169,10 +167,7 @@ def main():
                 for policy, steps, knobs in each_run(args.runs, "steps", args.steps)}
     else:
         outs = {f"rank{hvd.rank()}.json": train(args, args.steps)}
-    for name, out in outs.items():
-        out["rank"] = hvd.rank()
-        with open(os.path.join(args.out_dir, name), "w") as f:
-            json.dump(out, f)
+    write_outputs(args.out_dir, hvd.rank(), outs)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import hvd_elastic.torch as hvde
 
 import faults
-from runs import each_run
+from runs import each_run, write_outputs
 
 
 def flat(model):
@@ -137,10 +137,7 @@ def main():
             print(f"run {policy} on rank {rank}: end", flush=True)
     else:
         outs = {f"rank{rank}.json": train(args.out_dir, args.target, args.batch)}
-    for name, out in outs.items():
-        out["rank"] = rank
-        with open(os.path.join(args.out_dir, name), "w") as f:
-            json.dump(out, f)
+    write_outputs(args.out_dir, rank, outs)
 
 
 if __name__ == "__main__":

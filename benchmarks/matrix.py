@@ -68,8 +68,14 @@ POLICIES: Dict[str, Optional[Dict[str, str]]] = {
     "asp-inflight1-damped": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_MAX_INFLIGHT": "1",
                              "HVD_ELASTIC_STALENESS_COMPENSATION": "damped"},
     "asp-nopeerwait": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_PEER_WAIT": "0"},
+    # the policies' own rules, without the lock-step fallback
+    "asp-nofallback": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_RELAX_MIN_GAIN": "0"},
+    "dssp-nofallback": {"HVD_ELASTIC_POLICY": "dssp", "HVD_ELASTIC_RELAX_MIN_GAIN": "0"},
+    "zipline-R15-nofallback": {"HVD_ELASTIC_POLICY": "zipline", "HVD_ELASTIC_LOOKAHEAD": "15",
+                               "HVD_ELASTIC_RELAX_MIN_GAIN": "0"},
     "asp-join": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_TICK_PACING": "join"},
     "asp-probe": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_TICK_PACING": "probe"},
+    "ssp-s0": {"HVD_ELASTIC_POLICY": "ssp", "HVD_ELASTIC_STALENESS": "0"},
     "ssp-s3": {"HVD_ELASTIC_POLICY": "ssp", "HVD_ELASTIC_STALENESS": "3"},
     "ssp-s10": {"HVD_ELASTIC_POLICY": "ssp", "HVD_ELASTIC_STALENESS": "10"},
     "dssp": {"HVD_ELASTIC_POLICY": "dssp"},
@@ -101,7 +107,7 @@ POLICIES: Dict[str, Optional[Dict[str, str]]] = {
 }
 CONTROLS = ("horovod-predivide3",)            # never checked against the targets
 SYNCHRONOUS = ("horovod", "bsp", "lbbsp", "lbbsp-last", "lbbsp-tol15") + CONTROLS     # staleness 0 by construction
-BOUNDED = ("ssp-s3", "ssp-s10", "dssp")        # drawn with the synchronous ones (they wait for the straggler)
+BOUNDED = ("ssp-s0", "ssp-s3", "ssp-s10", "dssp", "dssp-nofallback")        # drawn with the synchronous ones (they wait for the straggler)
 KERAS_POLICIES = ("bsp", "asp", "ssp-s3", "zipline-R15", "lbbsp", "wbsp")
 WORKERS = {"torch": "benchmarks.torch_worker", "keras": "benchmarks.keras_worker"}
 

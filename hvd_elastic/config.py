@@ -186,6 +186,14 @@ KNOBS = (
              "fast as it is) that are behind, so equally fast ranks compute on the same weights; slower ranks are "
              "never waited for. Also bounds how long a tick holds pending pushes (that fraction of the pushers' "
              "step) for ranks due to push within it, so equally fast ranks share one payload."),
+    Knob("relax_min_gain", 1.25, _float(0.0), "number >= 0 (0: always relaxed)",
+         "Lock-step (BSP's pace) while relaxing is predicted to give under this many times its pushes/s.",
+         _GRADIENT,
+         doc="Measured at run time: each rank's step compute time and push period, lock-step's cost per round, the "
+             "relaxed rule's cost per step; the ranks relax while the predicted relaxed/lock-step ratio of pushes "
+             "per second is at least this (5% hysteresis), otherwise a rank starts a step only once every rank has "
+             "pushed as many updates (staleness 0, as BSP). 1.25: relaxing must promise a quarter more pushes to "
+             "pay for its stale gradients; 0: the policy's own rule always (docs/design.md)."),
     Knob("push_at_backward", True, _bool, "0|1",
          "PyTorch: push a step's gradient as soon as backward has produced it, not at step().", _GRADIENT,
          doc="As Horovod starts its allreduce from backward hooks, so the tick runs while the rank still computes "

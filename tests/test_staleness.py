@@ -40,7 +40,7 @@ def test_staleness_matches_the_trace_computed_by_hand_on_two_ranks(tmp_path):
     periods are measured, the slow rank's thread joins early and waits inside the collective for the fast rank's
     next push, so a push made meanwhile is delivered up to a fast step later, past the window drawn here."""
     res = launch("mpirun", 2, "tests/workers/staleness_trace.py", [tmp_path, "6.0"],
-                 env={"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_MAX_INFLIGHT": "0", "HVD_ELASTIC_PEER_WAIT": "0",
+                 env={"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_RELAX_MIN_GAIN": "0", "HVD_ELASTIC_MAX_INFLIGHT": "0", "HVD_ELASTIC_PEER_WAIT": "0",
                       "HVD_ELASTIC_TICK_PACING": "probe"},
                  timeout=120)
     assert res.returncode == 0 and not res.timed_out, res.output[-3000:]

@@ -210,7 +210,7 @@ def _zipline_after(meta, barriers=0):
     from hvd_elastic.config import Config
     from hvd_elastic.engine.policies import Zipline
     from hvd_elastic.engine.view import GlobalView
-    pol = Zipline(Config(policy="zipline", lookahead=15), rank=0, size=len(meta))
+    pol = Zipline(Config(policy="zipline", lookahead=15, relax_min_gain=0), rank=0, size=len(meta))   # its own rule
     pol.barriers = barriers
     view = GlobalView(len(meta))
     view.update(meta)

@@ -191,7 +191,7 @@ class SyncEngine:
         if sg.rule_since is None:
             sg.rule_since = now
             self.policy.rule_starts(self._gate_input(inflight))
-        if self.policy.holds(self._gate_input(inflight)):
+        if self.policy.waits(self._gate_input(inflight)):
             return "wait"
         if sg.peer_since is None:
             sg.peer_since = now
@@ -215,7 +215,7 @@ class SyncEngine:
 
     def _holds(self, reason: Optional[str]) -> bool:
         """Whether a rank blocked for `reason` resumes on exactly the state of the tick that opens its gate."""
-        return reason == "wait" or (reason == "comm" and not self.policy.fresh_reads)
+        return reason == "wait" or (reason == "comm" and not self.policy.reads_fresh)
 
     def _proceed(self):
         """The rank starts its next step: what the policy asks first (a download), and the staleness bookkeeping."""
@@ -271,7 +271,7 @@ class SyncEngine:
             self.ticker.recycle(tick)
             self.applied_contributions += tick.total_count
             self.telemetry.count("ticks_applied")
-        if self.policy.observe(tick, self.view):
+        if self.policy.tick_applied(tick, self.view):
             self._check_replica()
 
     def _check_replica(self):

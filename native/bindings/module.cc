@@ -15,6 +15,7 @@
 
 #include "hvd_elastic/dssp.h"
 #include "hvd_elastic/lbbsp.h"
+#include "hvd_elastic/lockstep.h"
 #include "hvd_elastic/predictors.h"
 #include "hvd_elastic/ssp.h"
 #include "hvd_elastic/wbsp.h"
@@ -271,6 +272,28 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("refusals", &DsspState::refusals, "Pushes after which the worker had to wait.")
       .def_property_readonly("max_staleness_admitted", &DsspState::max_staleness_admitted,
                              "Largest t_p - min_q t_q at which on_push let a worker proceed.");
+
+  // ---- Lock-step fallback -------------------------------------------------------------------------------------------
+  py::class_<LockstepRule>(m, "LockstepRule",
+                           "The gradient policies' lock-step fallback (lockstep.h): the ranks go at BSP's pace\n"
+                           "while relaxing is predicted to deliver less than min_gain x lock-step's pushes per second.\n"
+                           "Starts in lock-step; settle / sample: pushes (all ranks) after a switch before the\n"
+                           "overheads are sampled / sampled during the first measurement of each mode.")
+      .def(py::init<int, double, int64_t, int64_t>(), py::arg("n"), py::arg("min_gain"), py::arg("settle"),
+           py::arg("sample"))
+      .def("observe", &LockstepRule::observe, py::arg("clocks"), py::arg("interval_ns"), py::arg("period_ns"),
+           py::arg("finished"),
+           "One tick's table (per rank: clock, step compute time, push period in ns, finished). Returns lockstep.")
+      .def_property_readonly("lockstep", &LockstepRule::lockstep)
+      .def_property_readonly("gain", &LockstepRule::gain,
+                             "Predicted pushes per second relaxed / lock-step (0 until both modes are measured).")
+      .def_property_readonly("overhead_lockstep_ns", &LockstepRule::overhead_lockstep_ns)
+      .def_property_readonly("overhead_relaxed_ns", &LockstepRule::overhead_relaxed_ns)
+      .def_property_readonly("switches", &LockstepRule::switches)
+      .def_property_readonly("lockstep_pushes", &LockstepRule::lockstep_pushes)
+      .def_property_readonly("pushes", &LockstepRule::pushes)
+      .def_property_readonly("size", &LockstepRule::size)
+      .def_property_readonly("min_gain", &LockstepRule::min_gain);
 
   // ---- LB-BSP ------------------------------------------------------------------------------------------------------
   m.def(

@@ -2,10 +2,12 @@
 
 A policy sees what the engine gives it and answers: may this rank start its next step? It holds no engine, and
 its questions change nothing. The engine (engine.py) tells it what happened, in this order per step:
-``pushed(clock, interval_ns)`` when this rank pushes; ``observe(tick, view)`` for each tick applied (identical on
-every rank); ``rule_starts(gate)`` once, at the first gate check of the step where this rank's own updates are in;
-then ``holds(gate)`` and ``waits_for_peers(gate)`` as often as it asks; ``proceeded(gate)`` when the rank goes.
-``counters()`` at the end. The decision rules themselves live in the native scheduler (``hvd_elastic._native``).
+``pushed(clock, interval_ns)`` when this rank pushes; ``tick_applied(tick, view)`` for each tick applied (identical
+on every rank); ``rule_starts(gate)`` once, at the first gate check of the step where this rank's own updates are
+in; then ``waits(gate)`` and ``waits_for_peers(gate)`` as often as it asks; ``proceeded(gate)`` when the rank goes.
+``counters()`` at the end. A subclass writes its rule as ``holds(gate)`` and its tick hook as ``observe(tick,
+view)``; the base adds the lock-step fallback of the gradient policies around them (:class:`Lockstep`). The decision
+rules themselves live in the native scheduler (``hvd_elastic._native``).
 """
 from __future__ import annotations
 
@@ -60,6 +62,22 @@ class Policy:
         self.cfg, self.rank, self.size = cfg, rank, size
         self.gaps: Dict[int, int] = {}    # clock gap (own clock - slowest clock) at each step start -> count
         self.origin = np.zeros(size, np.int64)   # see clock_origin
+        self.lockstep = Lockstep.build(cfg, size, self.updates)
+
+    # ---- what the engine calls (the rule and the fallback together) ------------------------------------------
+    def tick_applied(self, tick, view: GlobalView) -> bool:
+        """A tick was applied: the lock-step fallback observes it, then the rule (observe). True at a barrier."""
+        if self.lockstep is not None:
+            self.lockstep.observe(view)
+        return self.observe(tick, view)
+
+    def waits(self, gate: Gate) -> bool:
+        """Must this rank wait for other ranks? While the ranks go in lock-step, BSP's rule decides alone (it is the
+        strictest; the policy's own rule beside it could hold the rank at the slowest clock -- a zipline barrier --
+        while the others wait for that rank in lock-step); otherwise the policy's own rule."""
+        if self.lockstep is not None and self.lockstep.active:
+            return self.lockstep.holds(gate) or self.bounds_lockstep(gate)
+        return self.holds(gate)
 
     # ---- events ----------------------------------------------------------------------------------------------
     def pushed(self, clock: int, interval_ns: int):
@@ -81,6 +99,16 @@ class Policy:
     # ---- questions (no state changes) ------------------------------------------------------------------------
     def holds(self, gate: Gate) -> bool:
         """The policy's rule: must this rank wait for other ranks before its next step?"""
+        return False
+
+    @property
+    def reads_fresh(self) -> bool:
+        """fresh_reads, except while the ranks go in lock-step: BSP never shows a rank another rank's next update."""
+        return self.fresh_reads and not (self.lockstep is not None and self.lockstep.active)
+
+    def bounds_lockstep(self, gate: Gate) -> bool:
+        """The part of the policy's rule that still holds a rank while the ranks go in lock-step (zipline: its
+        bound of R iterations, for a rank catching up after the switch); none by default."""
         return False
 
     @property
@@ -139,10 +167,53 @@ class Policy:
         return self.origin
 
     def counters(self) -> Dict:
-        if not self.gaps:
-            return {}
-        return {"max_clock_gap": max(self.gaps),
-                "clock_gap_histogram": {str(k): v for k, v in sorted(self.gaps.items())}}
+        out = self.lockstep.counters() if self.lockstep is not None else {}
+        if self.gaps:
+            out.update({"max_clock_gap": max(self.gaps),
+                        "clock_gap_histogram": {str(k): v for k, v in sorted(self.gaps.items())}})
+        return out
+
+
+class Lockstep:
+    """The lock-step fallback of the gradient policies (HVD_ELASTIC_RELAX_MIN_GAIN; the rule:
+    native/include/hvd_elastic/lockstep.h): while relaxing is predicted to deliver fewer than min_gain times the
+    pushes per second of lock-step, every rank goes at BSP's pace -- it starts a step only once every rank has
+    pushed as many updates as it has (SSP with s = 0, which is BSP) -- whatever the policy's own rule would allow.
+    The mode is a function of the tick stream, so every rank is in the same mode at the same tick."""
+
+    SETTLE_PER_RANK = 8   # pushes per rank after a switch before a period reflects the new mode (its average: 0.2)
+
+    def __init__(self, size: int, min_gain: float):
+        k = self.SETTLE_PER_RANK * size
+        self.rule = _native.LockstepRule(size, min_gain, k, k)
+
+    @classmethod
+    def build(cls, cfg, size: int, updates) -> Optional["Lockstep"]:
+        """None where it does not apply: a single rank, HVD_ELASTIC_RELAX_MIN_GAIN=0, or a delta policy (wbsp: its
+        ranks train their own copies; lock-step would only add waits)."""
+        gain = getattr(cfg, "relax_min_gain", 0.0)
+        if size < 2 or gain <= 0 or updates.local_step:
+            return None
+        return cls(size, gain)
+
+    def observe(self, view: GlobalView):
+        self.rule.observe(view.clocks.tolist(), view.interval_ns.tolist(), view.period_ns.tolist(),
+                          view.finished.tolist())
+
+    @property
+    def active(self) -> bool:
+        return self.rule.lockstep
+
+    def holds(self, gate: Gate) -> bool:
+        return not _native.ssp_may_proceed(server_clocks(gate.view, gate.clock),
+                                                                 gate.view.size, 0)
+
+    def counters(self) -> Dict:
+        r = self.rule
+        return {"lockstep_switches": r.switches, "lockstep_pushes": r.lockstep_pushes,
+                "lockstep_share": round(r.lockstep_pushes / r.pushes, 3) if r.pushes else 0.0,
+                "lockstep_gain": round(r.gain, 3), "lockstep_overhead_ms": round(r.overhead_lockstep_ns / 1e6, 2),
+                "relaxed_overhead_ms": round(r.overhead_relaxed_ns / 1e6, 2)}
 
 
 def server_clocks(view: GlobalView, own_clock: int):

@@ -54,6 +54,8 @@ class Zipline(Policy):
             # A rank that finished pushes nothing more: no barrier can include it; the final barrier (finish) ends
             # the last superstep instead.
             return False
+        if self.lockstep is not None and self.lockstep.active:
+            return self._lockstep_superstep(view)
         if view.outside.any():
             self._yield_to_outside(view)
         if self.targets is None:
@@ -65,6 +67,29 @@ class Zipline(Policy):
             self.barriers += 1
             return True
         return False
+
+    def _lockstep_superstep(self, view) -> bool:
+        """While the ranks go in lock-step (the fallback, base.Lockstep), ZipLine places no barrier: every round
+        ends with the ranks lined up, and a superstep ends there (a lock-step point: all clocks equal; no replica
+        check). A rank catching up after the switch stops at R iterations (bounds_lockstep); where a rank at the
+        slowest clock, which the others wait for, has stopped so, a barrier ends the superstep at the clocks as they
+        stand."""
+        self.targets = None
+        ran = view.clocks - self.origin
+        if (view.clocks == view.clocks[0]).all():
+            self.max_superstep = max(self.max_superstep, int(ran.max()))
+            self.origin = view.clocks.copy()
+            return False
+        if int(ran[view.clocks == view.clocks.min()].max()) < self.R:
+            return False
+        self.forced += 1
+        self.max_superstep = max(self.max_superstep, int(ran.max()))
+        self.origin = view.clocks.copy()
+        self.barriers += 1
+        return True
+
+    def bounds_lockstep(self, gate: Gate) -> bool:
+        return not gate.view.finished.any() and gate.clock - int(self.origin[self.rank]) >= self.R
 
     def _yield_to_outside(self, view):
         """Ranks wait in a collective of the script's own (OUTSIDE): they cannot move until the others reach the same

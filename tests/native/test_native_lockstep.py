@@ -1,0 +1,110 @@
+"""The lock-step fallback's rule (native/include/hvd_elastic/lockstep.h) on hand-made tick streams."""
+import pytest
+
+from hvd_elastic import _native as N
+
+MS = 1_000_000
+SETTLE = SAMPLE = 8     # pushes of all ranks together
+
+
+class Stream:
+    """Feeds a LockstepRule one round at a time: every live rank pushes once per observation."""
+
+    def __init__(self, n=4, min_gain=1.25):
+        self.rule = N.LockstepRule(n, min_gain, SETTLE, SAMPLE)
+        self.clocks = [0] * n
+        self.finished = [False] * n
+
+    def rounds(self, k, compute_ms, period_ms):
+        modes = []
+        for _ in range(k):
+            self.clocks = [c + (not f) for c, f in zip(self.clocks, self.finished)]
+            modes.append(self.rule.observe(self.clocks, [int(c * MS) for c in compute_ms],
+                                           [int(p * MS) for p in period_ms], self.finished))
+        return modes
+
+
+STRAGGLER = [30, 30, 30, 90]                 # compute ms: one rank 3x slower
+LOCKSTEP_STRAGGLER = [95, 95, 95, 95]         # every rank's period in lock-step: the slowest's compute + 5 ms
+RELAXED_STRAGGLER = [40, 40, 40, 100]         # relaxed: each rank's own compute + 10 ms
+
+
+def test_starts_in_lockstep_and_measures_each_mode_once_before_the_model_decides():
+    s = Stream()
+    assert s.rule.lockstep and s.rule.gain == 0
+    modes = s.rounds(4, STRAGGLER, LOCKSTEP_STRAGGLER)    # 16 pushes: settle + sample
+    assert modes == [True, True, True, False]             # lock-step measured, then relaxed is tried
+    assert s.rule.overhead_lockstep_ns == pytest.approx(5 * MS) and s.rule.overhead_relaxed_ns == -1
+    s.rounds(4, STRAGGLER, RELAXED_STRAGGLER)
+    assert s.rule.overhead_relaxed_ns == pytest.approx(10 * MS)
+    # gain = (3 / 40 + 1 / 100) / (4 / 95) = 2.02: a straggler pays for relaxing
+    assert s.rule.gain == pytest.approx((3 / 40 + 1 / 100) / (4 / 95), rel=1e-6)
+    assert not s.rule.lockstep and s.rule.switches == 1
+    assert s.rule.lockstep_pushes == 16 and s.rule.pushes == 32
+
+
+def test_equal_speeds_go_back_to_lockstep_when_relaxing_costs_more_than_it_saves():
+    s = Stream()
+    s.rounds(4, [30] * 4, [35] * 4)                       # lock-step: 5 ms a round beyond the compute
+    s.rounds(4, [30] * 4, [42] * 4)                       # relaxed: 12 ms a step
+    assert s.rule.lockstep and s.rule.switches == 2       # gain 35 / 42 < 1.25
+    assert s.rule.gain == pytest.approx(35 / 42, rel=1e-6)
+    assert all(s.rounds(20, [30] * 4, [35] * 4))          # and stays there while speeds stay equal
+
+
+def test_speeds_that_spread_out_later_make_the_ranks_relax_again():
+    s = Stream()
+    s.rounds(4, [30] * 4, [35] * 4)
+    s.rounds(4, [30] * 4, [42] * 4)
+    assert s.rule.lockstep
+    # rank 3 slows to 3x: the compute times move (a moving average, 0.2 per push); each round's periods are the
+    # current mode's
+    for _ in range(40):
+        s.rounds(1, STRAGGLER, LOCKSTEP_STRAGGLER if s.rule.lockstep else RELAXED_STRAGGLER)
+    assert not s.rule.lockstep and s.rule.switches == 3 and s.rule.gain > 1.25 * 1.05
+
+
+def test_hysteresis_keeps_the_mode_near_the_threshold():
+    # relaxed at gain 1.25 x 0.97: inside the 5% band, it stays relaxed; at 1.25 x 0.9 it goes back
+    for factor, expect_lockstep in ((0.97, False), (0.90, True)):
+        s = Stream()
+        s.rounds(4, [30, 30, 30, 30], [50] * 4)           # o_L = 20 ms
+        # equal speeds, relaxed overhead chosen so that gain = 50 / (30 + o_R) = 1.25 x factor
+        o_r = 50 / (1.25 * factor) - 30
+        s.rounds(8, [30] * 4, [30 + o_r] * 4)
+        assert s.rule.lockstep == expect_lockstep, (factor, s.rule.gain)
+
+
+def test_two_rules_fed_the_same_stream_agree_at_every_tick():
+    a, b = Stream(), Stream()
+    schedule = [([30] * 4, [35] * 4)] * 5 + [([30] * 4, [44] * 4)] * 5 + [(STRAGGLER, LOCKSTEP_STRAGGLER)] * 10
+    for compute, period in schedule:
+        assert a.rounds(1, compute, period) == b.rounds(1, compute, period)
+    assert a.rule.switches == b.rule.switches and a.rule.gain == b.rule.gain
+
+
+def test_finished_ranks_are_left_out_and_a_single_live_rank_keeps_the_mode():
+    s = Stream()
+    s.rounds(4, STRAGGLER, LOCKSTEP_STRAGGLER)
+    s.rounds(4, STRAGGLER, RELAXED_STRAGGLER)
+    assert not s.rule.lockstep
+    s.finished = [False, True, True, True]                # only rank 0 trains on: nothing to choose between
+    before = s.rule.switches
+    s.rounds(10, [30, 30, 30, 30], [300] * 4)
+    assert s.rule.switches == before and not s.rule.lockstep
+
+
+@pytest.mark.parametrize("args,match", [((4, 0.0, 8, 8), "min_gain"), ((4, float("nan"), 8, 8), "min_gain"),
+                                        ((0, 1.25, 8, 8), "n must be"), ((4, 1.25, 0, 8), "settle and sample")])
+def test_bad_construction_is_named(args, match):
+    with pytest.raises(ValueError, match=match):
+        N.LockstepRule(*args)
+
+
+def test_bad_observations_are_named():
+    r = N.LockstepRule(2, 1.25, 8, 8)
+    with pytest.raises(ValueError, match="one entry per rank"):
+        r.observe([1], [1, 1], [1, 1], [False, False])
+    r.observe([3, 3], [MS, MS], [MS, MS], [False, False])
+    with pytest.raises(ValueError, match="clock went back"):
+        r.observe([2, 3], [MS, MS], [MS, MS], [False, False])

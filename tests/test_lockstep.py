@@ -1,0 +1,67 @@
+"""The gradient policies' lock-step fallback (HVD_ELASTIC_RELAX_MIN_GAIN; engine/policies/base.py Lockstep, the rule:
+native/include/hvd_elastic/lockstep.h) in one process (tests/harness.py: n ranks as threads, an in-memory allreduce,
+scripted step times). In lock-step every gradient policy is BSP, exactly; the ranks relax where a straggler makes it
+pay and stay in lock-step where speeds are equal; every rank switches at the same ticks."""
+import numpy as np
+import pytest
+
+from harness import bsp_reference, run_job
+from hvd_elastic.engine.policies.base import Lockstep
+from test_engine import SCHEDULES
+
+STEPS = 25
+
+
+@pytest.fixture
+def lockstep_throughout(monkeypatch):
+    """The first measurement of lock-step never ends: the ranks stay in lock-step for the whole run."""
+    monkeypatch.setattr(Lockstep, "SETTLE_PER_RANK", 10_000)
+
+
+@pytest.mark.parametrize("schedule", ["straggler", "transient", "stall"])
+@pytest.mark.parametrize("policy,knobs", [("asp", {}), ("ssp", {"staleness": 3}), ("dssp", {}),
+                                          ("zipline", {"lookahead": 4})], ids=["asp", "ssp", "dssp", "zipline"])
+def test_in_lockstep_every_gradient_policy_is_bsp(lockstep_throughout, policy, knobs, schedule):
+    """The weights of sequential SGD on each step's average gradient (up to the order of summation), no rank ever
+    a clock ahead of another at a step start, whatever the policy's own rule would allow."""
+    sched = [s[:STEPS] for s in SCHEDULES[schedule]]
+    run = run_job(policy, sched, **knobs)
+    ref = bsp_reference(len(sched), STEPS, np.zeros_like(run.weights()[0]))
+    for w in run.weights():
+        np.testing.assert_allclose(w, ref, rtol=0, atol=1e-12)
+    assert all(c["max_clock_gap"] == 0 and c["lockstep_share"] == 1.0 and c["lockstep_switches"] == 0
+               for c in run.counters), run.counters
+
+
+def _same_on_every_rank(counters):
+    keys = ("lockstep_switches", "lockstep_pushes", "lockstep_gain")
+    assert len({tuple(c[k] for k in keys) for c in counters}) == 1, counters
+
+
+@pytest.mark.parametrize("policy,knobs", [("asp", {}), ("zipline", {"lookahead": 6})], ids=["asp", "zipline"])
+def test_under_a_persistent_straggler_the_ranks_relax_and_the_fast_ones_run_ahead(policy, knobs):
+    """A 10x straggler: lock-step until its cost is measured, then relaxed for good (predicted gain far above
+    1.25); the fast ranks take several times the straggler's steps."""
+    run = run_job(policy, [[0.005]] * 3 + [[0.05]], target=600, **knobs)
+    c = run.counters
+    _same_on_every_rank(c)
+    assert c[0]["lockstep_switches"] == 1 and c[0]["lockstep_gain"] > 1.25 * 1.05, c[0]
+    assert c[0]["lockstep_share"] < 0.3, c[0]
+    assert min(run.steps[:3]) > 3 * run.steps[3], run.steps
+
+
+def test_with_equal_speeds_the_ranks_go_back_to_lockstep():
+    """Equal speeds: relaxing saves no wait, so once both modes are measured the ranks go in lock-step again
+    (predicted gain about 1, under 1.25 x 0.95) and run most of their steps there."""
+    run = run_job("asp", [[0.02]] * 4, target=400)
+    c = run.counters
+    _same_on_every_rank(c)
+    assert c[0]["lockstep_switches"] >= 2 and c[0]["lockstep_gain"] < 1.25 * 0.95, c[0]
+    assert c[0]["lockstep_share"] > 0.6, c[0]
+
+
+def test_off_the_policy_runs_its_own_rule_alone():
+    """HVD_ELASTIC_RELAX_MIN_GAIN=0: no fallback (no counters of it); asp's fast ranks run ahead from the start."""
+    run = run_job("asp", [[0.005]] * 3 + [[0.05]], target=300, relax_min_gain=0)
+    assert all("lockstep_share" not in c for c in run.counters), run.counters[0]
+    assert max(c["max_clock_gap"] for c in run.counters) > 3

@@ -36,9 +36,10 @@ FIT = ("asp", "zipline")
 @pytest.fixture(scope="module")
 def fit_job(tmp_path_factory):
     """One mpirun job: the bsp checks, then the relaxed policies under model.fit and wbsp's custom loop, with rank 1
-    a straggler (sleep: bsp's weights do not depend on it)."""
+    a straggler (sleep: bsp's weights do not depend on it). The relaxed policies run their own rules: the lock-step
+    fallback is off (HVD_ELASTIC_RELAX_MIN_GAIN=0; tests/test_lockstep.py tests it)."""
     out = tmp_path_factory.mktemp("keras_fit")
-    env = {**STRAGGLER, "HVD_ELASTIC_LOOKAHEAD": "6"}
+    env = {**STRAGGLER, "HVD_ELASTIC_LOOKAHEAD": "6", "HVD_ELASTIC_RELAX_MIN_GAIN": "0"}
     return _run("mpirun", out, ["--mode", "bsp,policies", "--steps", "12", "--batch", "16",
                                 "--policies", ",".join(FIT), "--custom-loop", "wbsp", "--target", "300"], env=env)
 

@@ -15,7 +15,7 @@ STEPS = 25
 @pytest.fixture
 def lockstep_throughout(monkeypatch):
     """The first measurement of lock-step never ends: the ranks stay in lock-step for the whole run."""
-    monkeypatch.setattr(Lockstep, "SETTLE_PER_RANK", 10_000)
+    monkeypatch.setattr(Lockstep, "SETTLE", 10_000)
 
 
 @pytest.mark.parametrize("schedule", ["straggler", "transient", "stall"])
@@ -41,13 +41,14 @@ def _same_on_every_rank(counters):
 @pytest.mark.parametrize("policy,knobs", [("asp", {}), ("zipline", {"lookahead": 6})], ids=["asp", "zipline"])
 def test_under_a_persistent_straggler_the_ranks_relax_and_the_fast_ones_run_ahead(policy, knobs):
     """A 10x straggler: lock-step until its cost is measured, then relaxed for good (predicted gain far above
-    1.25); the fast ranks take several times the straggler's steps."""
+    1.25); the fast ranks take more than twice the straggler's steps (zipline's lead is bounded by R per superstep,
+    and every rank takes its first 16 steps in lock-step)."""
     run = run_job(policy, [[0.005]] * 3 + [[0.05]], target=600, **knobs)
     c = run.counters
     _same_on_every_rank(c)
     assert c[0]["lockstep_switches"] == 1 and c[0]["lockstep_gain"] > 1.25 * 1.05, c[0]
     assert c[0]["lockstep_share"] < 0.3, c[0]
-    assert min(run.steps[:3]) > 3 * run.steps[3], run.steps
+    assert min(run.steps[:3]) > 2 * run.steps[3], run.steps
 
 
 def test_with_equal_speeds_the_ranks_go_back_to_lockstep():

@@ -103,7 +103,8 @@ class SyncEngine:
         self.ticker = Ticker(self.numel, self.buffers, rank, size, frontend.allreduce_sum, tick_s=cfg.tick_ms / 1000.0,
                              epoch_ns=frontend.epoch_ns, name=frontend.tick_name, hold_fraction=cfg.peer_wait,
                              stream=frontend.stream and not self.updates.local_step, pacing=pacing,
-                             join_stragglers=policy.joins_stragglers)
+                             join_stragglers=policy.joins_stragglers,
+                             lockstep=policy.lockstep.new_rule() if policy.lockstep is not None else None)
 
     # ---- per step ----------------------------------------------------------------------------------------------
     def step(self, accumulate: Optional[Callable[[Any, float], None]], compute_s: float, pushed: bool = False):

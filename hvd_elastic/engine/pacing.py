@@ -32,7 +32,9 @@ push period and last push (predictable) and nothing pending, join pacing from th
 join stragglers (zipline: joins_stragglers = False) only while every rank is a peer of every other (still_peers),
 probes otherwise. Under a straggler, its push joins a tick of the fast group's (due first, it waits for its push
 until theirs; due after them, its thread joins their tick early and its push goes into their next): one collective
-per fast round. While every rank is a peer of every other, the join window widens (AUTO_JOIN_HOLD x the release
+per fast round. While the policy's lock-step fallback holds the ranks in lock-step (policies/base.py Lockstep; the
+pacing keeps its own copy of the rule, fed the same tables), ticks are joined for zipline too: every rank pushes
+once a round, as under BSP. While every rank is a peer of every other, the join window widens (AUTO_JOIN_HOLD x the release
 hold: one period), so that a round whose pushes all come late (a slow tick delays every rank's next step alike)
 still lands in one tick, and groups the peers by AUTO_EXIT_SPEED (a rank's latest step time is noisy: at
 PEER_SPEED a peer left out of the group joins early and its push misses the tick). Measurements: docs/benchmarks.md.
@@ -49,8 +51,8 @@ from typing import Deque, Optional
 import numpy as np
 
 from ..config import TICK_PACINGS
-from .table import (AUTO_EXIT_SPEED, CHUNK_WORDS, PEER_SPEED, join_wait_s, next_probe_s, nothing_pending,
-                    predictable, release, still_peers)
+from .table import (AUTO_EXIT_SPEED, CHUNK_WORDS, CLOCK, FINISHED, INTERVAL_NS, PEER_SPEED, PERIOD_NS, join_wait_s,
+                    next_probe_s, nothing_pending, predictable, release, still_peers)
 
 BUSY_WINDOW, BUSY = 8, 6   # probe pacing: full ticks without probes while BUSY of the last BUSY_WINDOW ticks had pushes
 SMALL_WORDS = 1 << 18      # payloads under this may be joined (join, auto); larger ones are probe-paced
@@ -151,10 +153,11 @@ class AutoPacing:
 
     may_join = True
 
-    def __init__(self, numel: int, backoff: Backoff, hold_fraction: float, join_stragglers: bool):
+    def __init__(self, numel: int, backoff: Backoff, hold_fraction: float, join_stragglers: bool, lockstep=None):
         self.probe_pacing = ProbePacing(numel, backoff, hold_fraction)
         self.join_pacing = JoinPacing(backoff, hold_fraction)
         self.join_stragglers = join_stragglers
+        self.lockstep = lockstep   # the policy's lock-step rule (a copy fed the same tables), or None
         self.joined = False   # from the first predictable table with nothing pending
 
     @property
@@ -174,7 +177,12 @@ class AutoPacing:
     def observe(self, meta: np.ndarray, full: bool, total: int, active: bool):
         self.probe_pacing.record(meta, full, total)
         peers = self.join_pacing
-        if self.join_stragglers:   # joined from the first predictable table with nothing pending, and for good
+        if self.lockstep is not None:
+            self.lockstep.observe(meta[:, CLOCK].tolist(), meta[:, INTERVAL_NS].tolist(), meta[:, PERIOD_NS].tolist(),
+                                  (meta[:, FINISHED] > 0).tolist())
+        # In lock-step every rank pushes once a round, as under BSP: joined, one collective per round, for any policy
+        if self.join_stragglers or (self.lockstep is not None and self.lockstep.lockstep):
+            # joined from the first predictable table with nothing pending, and for good
             peers.wide = still_peers(meta, peers.wide)
             self.joined = self.joined or (predictable(meta) and nothing_pending(meta))
         else:                      # ... and only while every rank is a peer of every other (zipline)
@@ -183,7 +191,7 @@ class AutoPacing:
 
 
 def make_pacing(mode: str, numel: int, streamed: bool, tick_s: float, max_idle_s: float, hold_fraction: float,
-                join_stragglers: bool = True):
+                join_stragglers: bool = True, lockstep=None):
     """The pacing object of HVD_ELASTIC_TICK_PACING `mode`: join and auto for small payloads only (under
     SMALL_WORDS, not streamed), probe pacing otherwise."""
     if mode not in TICK_PACINGS:
@@ -193,5 +201,5 @@ def make_pacing(mode: str, numel: int, streamed: bool, tick_s: float, max_idle_s
     if small and mode == "join":
         return JoinPacing(backoff, hold_fraction)
     if small and mode == "auto":
-        return AutoPacing(numel, backoff, hold_fraction, join_stragglers)
+        return AutoPacing(numel, backoff, hold_fraction, join_stragglers, lockstep)
     return ProbePacing(numel, backoff, hold_fraction)

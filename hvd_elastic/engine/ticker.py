@@ -75,13 +75,15 @@ class Ticker:
     among the engines alive in this process and the same on every rank. hold_fraction: the release hold
     (HVD_ELASTIC_PEER_WAIT; 0: release at once); stream: the frontend can hand a gradient over as backward produces
     it, and every rank's frontend says so; pacing: HVD_ELASTIC_TICK_PACING; join_stragglers: auto pacing joins ticks
-    under a straggler too (else only while every rank is a peer of every other)."""
+    under a straggler too (else only while every rank is a peer of every other, or while `lockstep`, a fresh
+    lock-step rule of the policy's (policies/base.py Lockstep), fed the same tables, says the ranks go in
+    lock-step)."""
 
     def __init__(self, numel: int, buffers, rank: int, size: int,
                  allreduce_sum: Callable[[list, str, bool], None],
                  tick_s: float = 0.005, max_idle_s: float = 0.01, epoch_ns: int = 0,
                  name: str = "hvd_elastic.tick", hold_fraction: float = HOLD_FRACTION, stream: bool = False,
-                 pacing: str = "probe", join_stragglers: bool = True):
+                 pacing: str = "probe", join_stragglers: bool = True, lockstep=None):
         if not hasattr(buffers, "zeros"):          # a dtype: numpy buffers
             buffers = NumpyBuffers(buffers)
         self.numel, self.buffers, self.rank, self.size, self.name = numel, buffers, rank, size, name
@@ -92,7 +94,7 @@ class Ticker:
         self.pool = BufferPool(buffers, self.wire.length, self._lock)
         self.streams = Streams(numel, stream, self._lock)
         self.pacing = make_pacing(pacing, numel, self.streams.chunked, tick_s, max_idle_s, hold_fraction,
-                                  join_stragglers)
+                                  join_stragglers, lockstep)
         self._loop = TickLoop(self)
         self._loop.thread.start()
 

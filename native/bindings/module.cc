@@ -277,7 +277,7 @@ PYBIND11_MODULE(_native, m) {
   py::class_<LockstepRule>(m, "LockstepRule",
                            "The gradient policies' lock-step fallback (lockstep.h): the ranks go at BSP's pace\n"
                            "while relaxing is predicted to deliver less than min_gain x lock-step's pushes per second.\n"
-                           "Starts in lock-step; settle / sample: pushes (all ranks) after a switch before the\n"
+                           "Starts in lock-step; settle / sample: pushes of every live rank after a switch before the\n"
                            "overheads are sampled / sampled during the first measurement of each mode.")
       .def(py::init<int, double, int64_t, int64_t>(), py::arg("n"), py::arg("min_gain"), py::arg("settle"),
            py::arg("sample"))

@@ -10,7 +10,8 @@
 namespace hvd_elastic {
 
 LockstepRule::LockstepRule(int n, double min_gain, int64_t settle, int64_t sample)
-    : min_gain_(min_gain), settle_(settle), sample_(sample), clocks_(n, 0), compute_(n, -1.0) {
+    : min_gain_(min_gain), settle_(settle), sample_(sample), clocks_(n, 0), compute_(n, -1.0), since_(n, 0),
+      finished_(n, false) {
   const char* where = "LockstepRule";
   HVD_REQUIRE(n >= 1 && n <= checks::kMaxWorkers, where,
               "n must be in [1, " + std::to_string(checks::kMaxWorkers) + "], got " + std::to_string(n));
@@ -40,7 +41,8 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
       compute_[q] = compute_[q] < 0 ? c : compute_[q] + kAlpha * (c - compute_[q]);
     }
   }
-  const int64_t in_mode = pushes_ - mode_since_;
+  finished_ = finished;
+  const int64_t in_mode = pushes_since_switch();
   if (in_mode < settle_ || !sample_overheads(period_ns, finished)) return lockstep_;
   if (!explored_) {  // one measurement of each mode first: lock-step, then relaxed
     if (in_mode >= settle_ + sample_) {
@@ -61,8 +63,15 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
 
 void LockstepRule::switch_to(bool lockstep) {
   lockstep_ = lockstep;
-  mode_since_ = pushes_;
+  since_ = clocks_;
   ++switches_;
+}
+
+int64_t LockstepRule::pushes_since_switch() const {
+  int64_t fewest = -1;
+  for (size_t q = 0; q < clocks_.size(); ++q)
+    if (!finished_[q] && (fewest < 0 || clocks_[q] - since_[q] < fewest)) fewest = clocks_[q] - since_[q];
+  return fewest < 0 ? 0 : fewest;
 }
 
 // One sample of the current mode's overhead (o_L or o_R) from the live ranks whose compute time and period are

@@ -181,11 +181,16 @@ class Lockstep:
     pushed as many updates as it has (SSP with s = 0, which is BSP) -- whatever the policy's own rule would allow.
     The mode is a function of the tick stream, so every rank is in the same mode at the same tick."""
 
-    SETTLE_PER_RANK = 8   # pushes per rank after a switch before a period reflects the new mode (its average: 0.2)
+    SETTLE = 8   # pushes of every rank after a switch before its period reflects the new mode (its average: 0.2)
 
     def __init__(self, size: int, min_gain: float):
-        k = self.SETTLE_PER_RANK * size
-        self.rule = _native.LockstepRule(size, min_gain, k, k)
+        self.size, self.min_gain = size, min_gain
+        self.rule = self.new_rule()
+
+    def new_rule(self):
+        """A rule in its starting state: fed the same tick stream, every copy holds the same mode at the same tick
+        (the tick pacing keeps one on the tick thread: engine/pacing.py AutoPacing)."""
+        return _native.LockstepRule(self.size, self.min_gain, self.SETTLE, self.SETTLE)
 
     @classmethod
     def build(cls, cfg, size: int, updates) -> Optional["Lockstep"]:

@@ -14,10 +14,11 @@
 //
 // The ranks relax while gain >= min_gain: from lock-step once gain >= min_gain * (1 + kHysteresis), back to
 // lock-step once gain < min_gain * (1 - kHysteresis). min_gain is the throughput a relaxed rule must promise to pay
-// for its stale gradients (1.25: a quarter more pushes). A period reflects a new mode only after a few pushes, so the
-// overheads are sampled from `settle` pushes (all ranks together) after a switch. Start: lock-step until o_L is
-// measured (`settle` + `sample` pushes), then relaxed until o_R is (the same), then the model decides at every
-// observation. Every input comes from the tick stream, which every rank observes identically in the same order:
+// for its stale gradients (1.25: a quarter more pushes). A period reflects a new mode only after a few pushes of its
+// rank (and the first period after a switch to lock-step holds the wait for the slowest rank to catch up), so the
+// overheads are sampled once every live rank has pushed `settle` times since the switch. Start: lock-step until o_L
+// is measured (every live rank `settle` + `sample` pushes), then relaxed until o_R is (the same), then the model
+// decides at every observation. Every input comes from the tick stream, which every rank observes identically in the same order:
 // every rank holds the same state at the same tick, so the ranks switch together.
 #pragma once
 
@@ -32,7 +33,7 @@ class LockstepRule {
   static constexpr double kAlpha = 0.2;          // moving average of a rank's compute time, per push of the rank
   static constexpr double kOverheadAlpha = 0.05;  // moving average of o_L / o_R, per observation past settle
 
-  // min_gain > 0; settle, sample >= 1 (pushes of all ranks together).
+  // min_gain > 0; settle, sample >= 1 (pushes of every live rank).
   LockstepRule(int n, double min_gain, int64_t settle, int64_t sample);
 
   // One tick's table: per rank the pushes delivered (clock), the latest step compute time and the push period (ns;
@@ -61,7 +62,10 @@ class LockstepRule {
   std::vector<double> compute_;   // c_q, -1 until measured
   bool lockstep_ = true;
   bool explored_ = false;         // both modes measured once: the model decides
-  int64_t pushes_ = 0, mode_since_ = 0, lockstep_pushes_ = 0, switches_ = 0;
+  int64_t pushes_since_switch() const;  // the fewest pushes of a live rank since the last switch
+  std::vector<int64_t> since_;    // each rank's clock at the last switch
+  std::vector<bool> finished_;
+  int64_t pushes_ = 0, lockstep_pushes_ = 0, switches_ = 0;
   double o_lock_ = -1, o_relax_ = -1, gain_ = 0;
 };
 

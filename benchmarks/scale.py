@@ -25,6 +25,7 @@ from cluster import launch_command, link_bytes   # benchmarks/cluster.py (this s
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "benchmarks", "scale_worker.py")
 BATCH = 16   # samples per rank per step
+GRADIENT = ("asp", "ssp", "dssp", "zipline")   # the policies with the lock-step fallback
 POLICIES = {"horovod": None, "bsp": {"HVD_ELASTIC_POLICY": "bsp"}, "lbbsp": {"HVD_ELASTIC_POLICY": "lbbsp"},
             "asp": {"HVD_ELASTIC_POLICY": "asp"}, "ssp": {"HVD_ELASTIC_POLICY": "ssp"},
             "dssp": {"HVD_ELASTIC_POLICY": "dssp"}, "zipline": {"HVD_ELASTIC_POLICY": "zipline"},
@@ -43,6 +44,8 @@ def run_cell(policy, params_m, ranks, steps, timeout, device="cpu", launcher="mp
     env.update({"PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""), "HOROVOD_LOG_LEVEL": "warning",
                 "OMPI_MCA_rmaps_base_oversubscribe": "1", "HVD_ELASTIC_REPORT": "0"})
     env.update(POLICIES[policy] or {})
+    if env.get("HVD_ELASTIC_POLICY") in GRADIENT:   # each policy's own machinery: runs this short would otherwise
+        env["HVD_ELASTIC_RELAX_MIN_GAIN"] = "0"     # be the lock-step fallback's first measurement throughout
     if policy == "lbbsp":   # the global batch it re-divides: the same samples per step as every other policy
         env["HVD_ELASTIC_GLOBAL_BATCH"] = str(BATCH * ranks)
     program = [sys.executable, WORKER, "--params", str(params_m), "--steps", str(steps), "--batch", str(BATCH),

@@ -51,8 +51,8 @@ from typing import Deque, Optional
 import numpy as np
 
 from ..config import TICK_PACINGS
-from .table import (AUTO_EXIT_SPEED, CHUNK_WORDS, CLOCK, FINISHED, INTERVAL_NS, PEER_SPEED, PERIOD_NS, join_wait_s,
-                    next_probe_s, nothing_pending, predictable, release, still_peers)
+from .table import (AUTO_EXIT_SPEED, CHUNK_WORDS, PEER_SPEED, join_wait_s, next_probe_s, nothing_pending,
+                    observe_lockstep, predictable, release, still_peers)
 
 BUSY_WINDOW, BUSY = 8, 6   # probe pacing: full ticks without probes while BUSY of the last BUSY_WINDOW ticks had pushes
 SMALL_WORDS = 1 << 18      # payloads under this may be joined (join, auto); larger ones are probe-paced
@@ -178,8 +178,7 @@ class AutoPacing:
         self.probe_pacing.record(meta, full, total)
         peers = self.join_pacing
         if self.lockstep is not None:
-            self.lockstep.observe(meta[:, CLOCK].tolist(), meta[:, INTERVAL_NS].tolist(), meta[:, PERIOD_NS].tolist(),
-                                  (meta[:, FINISHED] > 0).tolist())
+            observe_lockstep(self.lockstep, meta)
         # In lock-step every rank pushes once a round, as under BSP: joined, one collective per round, for any policy
         if self.join_stragglers or (self.lockstep is not None and self.lockstep.lockstep):
             # joined from the first predictable table with nothing pending, and for good

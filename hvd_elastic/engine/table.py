@@ -252,6 +252,13 @@ def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float =
     return float(min(max(min(events), 0.0) / 1e9, QUIET_MAX_S))
 
 
+def observe_lockstep(rule, meta: np.ndarray) -> bool:
+    """Feed a lock-step rule (hvd_elastic._native.LockstepRule) one tick's table: each rank's clock, step compute
+    time, push period and finished flag. Returns whether the ranks go in lock-step after it."""
+    return rule.observe(meta[:, CLOCK].tolist(), meta[:, INTERVAL_NS].tolist(), meta[:, PERIOD_NS].tolist(),
+                        (meta[:, FINISHED] > 0).tolist())
+
+
 def chunk_bounds(numel: int) -> List[int]:
     """Word offsets of a streamed tick's payload chunks: numel // CHUNK_WORDS equal chunks (1 to MAX_CHUNKS).
     A function of the model size only, so every rank cuts the same chunks."""

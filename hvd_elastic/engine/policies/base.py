@@ -20,7 +20,7 @@ import numpy as np
 
 from ... import _native
 from ...predictors import predict_interval
-from ..table import PEER_SPEED
+from ..table import PEER_SPEED, observe_lockstep
 from ..updates import GradientUpdates
 from ..view import GlobalView
 
@@ -68,7 +68,7 @@ class Policy:
     def tick_applied(self, tick, view: GlobalView) -> bool:
         """A tick was applied: the lock-step fallback observes it, then the rule (observe). True at a barrier."""
         if self.lockstep is not None:
-            self.lockstep.observe(view)
+            observe_lockstep(self.lockstep.rule, tick.meta)
         return self.observe(tick, view)
 
     def waits(self, gate: Gate) -> bool:
@@ -200,10 +200,6 @@ class Lockstep:
         if size < 2 or gain <= 0 or updates.local_step:
             return None
         return cls(size, gain)
-
-    def observe(self, view: GlobalView):
-        self.rule.observe(view.clocks.tolist(), view.interval_ns.tolist(), view.period_ns.tolist(),
-                          view.finished.tolist())
 
     @property
     def active(self) -> bool:

@@ -34,8 +34,8 @@ probes otherwise. Under a straggler, its push joins a tick of the fast group's (
 until theirs; due after them, its thread joins their tick early and its push goes into their next): one collective
 per fast round. While the policy's lock-step fallback holds the ranks in lock-step (policies/base.py Lockstep; the
 pacing keeps its own copy of the rule, fed the same tables), ticks are joined for zipline too: every rank pushes
-once a round, as under BSP. While every rank is a peer of every other, the join window widens (AUTO_JOIN_HOLD x the release
-hold: one period), so that a round whose pushes all come late (a slow tick delays every rank's next step alike)
+once a round, as under BSP. While every rank is a peer of every other, the join window widens (AUTO_JOIN_HOLD x the
+release hold: one period), so that a round whose pushes all come late (a slow tick delays every rank's next step alike)
 still lands in one tick, and groups the peers by AUTO_EXIT_SPEED (a rank's latest step time is noisy: at
 PEER_SPEED a peer left out of the group joins early and its push misses the tick). Measurements: docs/benchmarks.md.
 

@@ -75,9 +75,14 @@ class Policy:
         """Must this rank wait for other ranks? While the ranks go in lock-step, BSP's rule decides alone (it is the
         strictest; the policy's own rule beside it could hold the rank at the slowest clock -- a zipline barrier --
         while the others wait for that rank in lock-step); otherwise the policy's own rule."""
-        if self.lockstep is not None and self.lockstep.active:
+        if self.in_lockstep:
             return self.lockstep.holds(gate) or self.bounds_lockstep(gate)
         return self.holds(gate)
+
+    @property
+    def in_lockstep(self) -> bool:
+        """The lock-step fallback holds the ranks now (as of the ticks this rank has applied)."""
+        return self.lockstep is not None and self.lockstep.rule.lockstep
 
     # ---- events ----------------------------------------------------------------------------------------------
     def pushed(self, clock: int, interval_ns: int):
@@ -104,7 +109,7 @@ class Policy:
     @property
     def reads_fresh(self) -> bool:
         """fresh_reads, except while the ranks go in lock-step: BSP never shows a rank another rank's next update."""
-        return self.fresh_reads and not (self.lockstep is not None and self.lockstep.active)
+        return self.fresh_reads and not self.in_lockstep
 
     def bounds_lockstep(self, gate: Gate) -> bool:
         """The part of the policy's rule that still holds a rank while the ranks go in lock-step (zipline: its
@@ -196,18 +201,12 @@ class Lockstep:
     def build(cls, cfg, size: int, updates) -> Optional["Lockstep"]:
         """None where it does not apply: a single rank, HVD_ELASTIC_RELAX_MIN_GAIN=0, or a delta policy (wbsp: its
         ranks train their own copies; lock-step would only add waits)."""
-        gain = getattr(cfg, "relax_min_gain", 0.0)
-        if size < 2 or gain <= 0 or updates.local_step:
+        if size < 2 or cfg.relax_min_gain <= 0 or updates.local_step:
             return None
-        return cls(size, gain)
-
-    @property
-    def active(self) -> bool:
-        return self.rule.lockstep
+        return cls(size, cfg.relax_min_gain)
 
     def holds(self, gate: Gate) -> bool:
-        return not _native.ssp_may_proceed(server_clocks(gate.view, gate.clock),
-                                                                 gate.view.size, 0)
+        return not _native.ssp_may_proceed(server_clocks(gate.view, gate.clock), gate.view.size, 0)
 
     def counters(self) -> Dict:
         r = self.rule

@@ -54,7 +54,7 @@ class Zipline(Policy):
             # A rank that finished pushes nothing more: no barrier can include it; the final barrier (finish) ends
             # the last superstep instead.
             return False
-        if self.lockstep is not None and self.lockstep.active:
+        if self.in_lockstep:
             return self._lockstep_superstep(view)
         if view.outside.any():
             self._yield_to_outside(view)

@@ -18,8 +18,8 @@
 // rank (and the first period after a switch to lock-step holds the wait for the slowest rank to catch up), so the
 // overheads are sampled once every live rank has pushed `settle` times since the switch. Start: lock-step until o_L
 // is measured (every live rank `settle` + `sample` pushes), then relaxed until o_R is (the same), then the model
-// decides at every observation. Every input comes from the tick stream, which every rank observes identically in the same order:
-// every rank holds the same state at the same tick, so the ranks switch together.
+// decides at every observation. Every input comes from the tick stream, which every rank observes identically in
+// the same order: every rank holds the same state at the same tick, so the ranks switch together.
 #pragma once
 
 #include <cstdint>

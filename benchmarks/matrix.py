@@ -107,7 +107,8 @@ POLICIES: Dict[str, Optional[Dict[str, str]]] = {
 }
 CONTROLS = ("horovod-predivide3",)            # never checked against the targets
 SYNCHRONOUS = ("horovod", "bsp", "lbbsp", "lbbsp-last", "lbbsp-tol15") + CONTROLS     # staleness 0 by construction
-BOUNDED = ("ssp-s0", "ssp-s3", "ssp-s10", "dssp", "dssp-nofallback")        # drawn with the synchronous ones (they wait for the straggler)
+# drawn with the synchronous ones (they wait for the straggler)
+BOUNDED = ("ssp-s0", "ssp-s3", "ssp-s10", "dssp", "dssp-nofallback")
 KERAS_POLICIES = ("bsp", "asp", "ssp-s3", "zipline-R15", "lbbsp", "wbsp")
 WORKERS = {"torch": "benchmarks.torch_worker", "keras": "benchmarks.keras_worker"}
 

@@ -43,7 +43,7 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
   }
   finished_ = finished;
   const int64_t in_mode = pushes_since_switch();
-  if (in_mode < settle_ || !sample_overheads(period_ns, finished)) return lockstep_;
+  if (in_mode < settle_ || !sample_overheads(period_ns)) return lockstep_;
   if (!explored_) {  // one measurement of each mode first: lock-step, then relaxed
     if (in_mode >= settle_ + sample_) {
       if (lockstep_)
@@ -53,7 +53,7 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
     }
     if (!explored_) return lockstep_;
   }
-  gain_ = predicted_gain(finished);
+  gain_ = predicted_gain();
   if (lockstep_ && gain_ >= min_gain_ * (1 + kHysteresis))
     switch_to(false);
   else if (!lockstep_ && gain_ < min_gain_ * (1 - kHysteresis))
@@ -76,11 +76,11 @@ int64_t LockstepRule::pushes_since_switch() const {
 
 // One sample of the current mode's overhead (o_L or o_R) from the live ranks whose compute time and period are
 // measured; false when fewer than two such ranks remain (nothing to choose between).
-bool LockstepRule::sample_overheads(const std::vector<int64_t>& period_ns, const std::vector<bool>& finished) {
+bool LockstepRule::sample_overheads(const std::vector<int64_t>& period_ns) {
   double period_sum = 0, excess_sum = 0, max_c = 0;
   int k = 0;
   for (size_t q = 0; q < compute_.size(); ++q) {
-    if (finished[q] || compute_[q] <= 0 || period_ns[q] <= 0) continue;
+    if (finished_[q] || compute_[q] <= 0 || period_ns[q] <= 0) continue;
     const double p = static_cast<double>(period_ns[q]);
     period_sum += p;
     excess_sum += p - compute_[q];
@@ -94,11 +94,11 @@ bool LockstepRule::sample_overheads(const std::vector<int64_t>& period_ns, const
   return true;
 }
 
-double LockstepRule::predicted_gain(const std::vector<bool>& finished) const {
+double LockstepRule::predicted_gain() const {
   double relaxed = 0, max_c = 0;
   int k = 0;
   for (size_t q = 0; q < compute_.size(); ++q) {
-    if (finished[q] || compute_[q] <= 0) continue;
+    if (finished_[q] || compute_[q] <= 0) continue;
     relaxed += 1.0 / (compute_[q] + o_relax_);
     max_c = std::max(max_c, compute_[q]);
     ++k;

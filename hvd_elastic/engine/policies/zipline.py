@@ -61,12 +61,16 @@ class Zipline(Policy):
         if self.targets is None:
             self.targets = self._place_barrier(tick, view)
         if self.targets is not None and (view.clocks >= self.targets).all():
-            self.max_superstep = max(self.max_superstep, int((view.clocks - self.origin).max()))
-            self.origin = view.clocks.copy()
-            self.targets = None
+            self._end_superstep(view)
             self.barriers += 1
             return True
         return False
+
+    def _end_superstep(self, view):
+        """A superstep ends at the clocks as they stand: the next one starts there (B_q)."""
+        self.max_superstep = max(self.max_superstep, int((view.clocks - self.origin).max()))
+        self.origin = view.clocks.copy()
+        self.targets = None
 
     def _lockstep_superstep(self, view) -> bool:
         """While the ranks go in lock-step (the fallback, base.Lockstep), ZipLine places no barrier: every round
@@ -75,16 +79,14 @@ class Zipline(Policy):
         slowest clock, which the others wait for, has stopped so, a barrier ends the superstep at the clocks as they
         stand."""
         self.targets = None
-        ran = view.clocks - self.origin
         if (view.clocks == view.clocks[0]).all():
-            self.max_superstep = max(self.max_superstep, int(ran.max()))
-            self.origin = view.clocks.copy()
+            self._end_superstep(view)
             return False
+        ran = view.clocks - self.origin
         if int(ran[view.clocks == view.clocks.min()].max()) < self.R:
             return False
         self.forced += 1
-        self.max_superstep = max(self.max_superstep, int(ran.max()))
-        self.origin = view.clocks.copy()
+        self._end_superstep(view)
         self.barriers += 1
         return True
 

@@ -53,8 +53,8 @@ class LockstepRule {
 
  private:
   void switch_to(bool lockstep);
-  bool sample_overheads(const std::vector<int64_t>& period_ns, const std::vector<bool>& finished);
-  double predicted_gain(const std::vector<bool>& finished) const;
+  bool sample_overheads(const std::vector<int64_t>& period_ns);
+  double predicted_gain() const;
 
   double min_gain_;
   int64_t settle_, sample_;
@@ -64,7 +64,7 @@ class LockstepRule {
   bool explored_ = false;         // both modes measured once: the model decides
   int64_t pushes_since_switch() const;  // the fewest pushes of a live rank since the last switch
   std::vector<int64_t> since_;    // each rank's clock at the last switch
-  std::vector<bool> finished_;
+  std::vector<bool> finished_;   // as of the last observation
   int64_t pushes_ = 0, lockstep_pushes_ = 0, switches_ = 0;
   double o_lock_ = -1, o_relax_ = -1, gain_ = 0;
 };

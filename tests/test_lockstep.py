@@ -23,7 +23,8 @@ def lockstep_throughout(monkeypatch):
                                           ("zipline", {"lookahead": 4})], ids=["asp", "ssp", "dssp", "zipline"])
 def test_in_lockstep_every_gradient_policy_is_bsp(lockstep_throughout, policy, knobs, schedule):
     """The weights of sequential SGD on each step's average gradient (up to the order of summation), no rank ever
-    a clock ahead of another at a step start, whatever the policy's own rule would allow."""
+    a clock ahead of another at a step start, whatever the policy's own rule would allow; and every round's pushes in
+    one tick, as in BSP's one allreduce, however late a slowed rank pushes (no gradient one update stale)."""
     sched = [s[:STEPS] for s in SCHEDULES[schedule]]
     run = run_job(policy, sched, **knobs)
     ref = bsp_reference(len(sched), STEPS, np.zeros_like(run.weights()[0]))
@@ -31,6 +32,7 @@ def test_in_lockstep_every_gradient_policy_is_bsp(lockstep_throughout, policy, k
         np.testing.assert_allclose(w, ref, rtol=0, atol=1e-12)
     assert all(c["max_clock_gap"] == 0 and c["lockstep_share"] == 1.0 and c["lockstep_switches"] == 0
                for c in run.counters), run.counters
+    assert all(c["nonempty_ticks"] == STEPS and c["staleness_max"] == 0 for c in run.counters), run.counters
 
 
 def _same_on_every_rank(counters):

@@ -33,8 +33,9 @@ join stragglers (zipline: joins_stragglers = False) only while every rank is a p
 probes otherwise. Under a straggler, its push joins a tick of the fast group's (due first, it waits for its push
 until theirs; due after them, its thread joins their tick early and its push goes into their next): one collective
 per fast round. While the policy's lock-step fallback holds the ranks in lock-step (policies/base.py Lockstep; the
-pacing keeps its own copy of the rule, fed the same tables), ticks are joined for zipline too: every rank pushes
-once a round, as under BSP. While every rank is a peer of every other, the join window widens (AUTO_JOIN_HOLD x the
+pacing keeps its own copy of the rule, fed the same tables), ticks are joined for every policy, zipline too, and a
+thread joins with its own push or once its rank is held at its gate (table.lockstep_join_wait_s): every rank pushes
+once a round, and the round's one tick carries every push, as BSP's allreduce does. While every rank is a peer of every other, the join window widens (AUTO_JOIN_HOLD x the
 release hold: one period), so that a round whose pushes all come late (a slow tick delays every rank's next step alike)
 still lands in one tick, and groups the peers by AUTO_EXIT_SPEED (a rank's latest step time is noisy: at
 PEER_SPEED a peer left out of the group joins early and its push misses the tick). Measurements: docs/benchmarks.md.
@@ -51,8 +52,8 @@ from typing import Deque, Optional
 import numpy as np
 
 from ..config import TICK_PACINGS
-from .table import (AUTO_EXIT_SPEED, CHUNK_WORDS, PEER_SPEED, join_wait_s, next_probe_s, nothing_pending,
-                    observe_lockstep, predictable, release, still_peers)
+from .table import (AUTO_EXIT_SPEED, CHUNK_WORDS, PEER_SPEED, join_wait_s, lockstep_join_wait_s, next_probe_s,
+                    nothing_pending, observe_lockstep, predictable, release, still_peers)
 
 BUSY_WINDOW, BUSY = 8, 6   # probe pacing: full ticks without probes while BUSY of the last BUSY_WINDOW ticks had pushes
 SMALL_WORDS = 1 << 18      # payloads under this may be joined (join, auto); larger ones are probe-paced
@@ -158,7 +159,7 @@ class AutoPacing:
         self.join_pacing = JoinPacing(backoff, hold_fraction)
         self.join_stragglers = join_stragglers
         self.lockstep = lockstep   # the policy's lock-step rule (a copy fed the same tables), or None
-        self.joined = False   # from the first predictable table with nothing pending
+        self.joined = False   # from the first predictable table with nothing pending, or the first in lock-step
 
     @property
     def _current(self):
@@ -170,8 +171,14 @@ class AutoPacing:
     def deadline(self, last: float) -> float:
         return self._current.deadline(last)
 
+    @property
+    def in_lockstep(self) -> bool:
+        return self.lockstep is not None and self.lockstep.lockstep
+
     def join_wait_s(self, meta: np.ndarray, rank: int, now_ns: int, own_due_ns: Optional[int] = None
                     ) -> Optional[float]:
+        if self.in_lockstep:
+            return lockstep_join_wait_s(meta, rank)
         return self.join_pacing.join_wait_s(meta, rank, now_ns, own_due_ns)
 
     def observe(self, meta: np.ndarray, full: bool, total: int, active: bool):
@@ -179,11 +186,12 @@ class AutoPacing:
         peers = self.join_pacing
         if self.lockstep is not None:
             observe_lockstep(self.lockstep, meta)
-        # In lock-step every rank pushes once a round, as under BSP: joined, one collective per round, for any policy
-        if self.join_stragglers or (self.lockstep is not None and self.lockstep.lockstep):
-            # joined from the first predictable table with nothing pending, and for good
+        # In lock-step every rank pushes once a round, as under BSP: joined at once (the lock-step join needs no
+        # prediction), one collective per round, for any policy
+        if self.join_stragglers or self.in_lockstep:
+            # joined from the first predictable table with nothing pending (or in lock-step), and for good
             peers.wide = still_peers(meta, peers.wide)
-            self.joined = self.joined or (predictable(meta) and nothing_pending(meta))
+            self.joined = self.joined or self.in_lockstep or (predictable(meta) and nothing_pending(meta))
         else:                      # ... and only while every rank is a peer of every other (zipline)
             self.joined = peers.wide = still_peers(meta, self.joined) and (self.joined or nothing_pending(meta))
         self._current.pace(meta, active)

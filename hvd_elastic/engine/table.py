@@ -40,6 +40,8 @@ _BASE = 1 << 16
 # next_probe_s, join_wait_s: probe QUIET_MARGIN of a period before a rank's predicted push; never sleep longer than
 # QUIET_MAX_S between ticks; look for a rank past its predicted push every OVERDUE_POLL of its period.
 QUIET_MARGIN, QUIET_MAX_S, OVERDUE_POLL = 0.25, 0.25, 0.05
+LOCKSTEP_RECHECK_S = 0.5   # lockstep_join_wait_s: how long a thread waits for its rank's push or gate before it
+                           # decides again (every push, gate change, finish or outside wakes it before that)
 CHUNK_WORDS, MAX_CHUNKS = 1 << 20, 4   # a streamed tick's payload: chunks of at least CHUNK_WORDS, at most MAX
 PEER_SPEED = 1.25          # a rank whose step compute time is within this factor of another's is its peer (peer
                            # alignment in policies/base.py, the release's hold, join groups in join_wait_s)
@@ -250,6 +252,16 @@ def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float =
         else:
             events.append(rel[first] - QUIET_MARGIN * period[first])
     return float(min(max(min(events), 0.0) / 1e9, QUIET_MAX_S))
+
+
+def lockstep_join_wait_s(meta: np.ndarray, rank: int) -> float:
+    """Joined ticks while the ranks go in lock-step (every rank pushes once a round, and the round's tick must carry
+    every push, as BSP's allreduce does): this rank's thread joins with its own push (a pending push joins at once)
+    or, while its training thread is held at its gate or waits outside (GATED in the table with this rank's row as
+    it stands now: it pushes nothing before the tick that releases it), at once; otherwise it waits for either,
+    however late the push comes -- no prediction, so a step slower than the last one cannot split the round over
+    two ticks (the others would wait for the second tick's collective too)."""
+    return 0.0 if meta[rank, GATED] > 0 else LOCKSTEP_RECHECK_S
 
 
 def observe_lockstep(rule, meta: np.ndarray) -> bool:

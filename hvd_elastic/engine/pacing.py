@@ -37,8 +37,9 @@ pacing keeps its own copy of the rule, fed the same tables), ticks are joined fo
 thread joins with its own push or once its rank is held at its gate (table.lockstep_join_wait_s): every rank pushes
 once a round, and the round's one tick carries every push, as BSP's allreduce does. While every rank is a peer of
 every other, the join window widens (AUTO_JOIN_HOLD x the release hold: one period), so that a round whose pushes
-all come late (a slow tick delays every rank's next step alike) still lands in one tick, and groups the peers by AUTO_EXIT_SPEED (a rank's latest step time is noisy: at
-PEER_SPEED a peer left out of the group joins early and its push misses the tick). Measurements: docs/benchmarks.md.
+all come late (a slow tick delays every rank's next step alike) still lands in one tick, and groups the peers by
+AUTO_EXIT_SPEED (a rank's latest step time is noisy: at PEER_SPEED a peer left out of the group joins early and its
+push misses the tick). Measurements: docs/benchmarks.md.
 
 All modes share the tick_s back-off (Backoff): the thread looks at most every tick_s, doubling up to max_idle_s
 while ticks come back empty; probe pacing sleeps instead until shortly before the next event the table predicts

@@ -156,6 +156,22 @@ def test_small_payload_join_waits_for_the_own_push_in_the_first_group_and_sits_o
     assert abs(join_wait_s(_with(unmeasured, 1, FINISHED, 1), 0, 0) - 0.060) < 1e-9
 
 
+def test_lockstep_join_waits_for_the_own_push_however_late_and_never_on_a_prediction():
+    """lockstep_join_wait_s (the ranks go in lock-step): a thread not held at its gate waits for its rank's push
+    (re-decided on every change, at the latest after LOCKSTEP_RECHECK_S), where join_wait_s would join without it;
+    held at its gate (or outside), it joins at once."""
+    from hvd_elastic.engine.table import GATED, LOCKSTEP_RECHECK_S, join_wait_s, lockstep_join_wait_s
+    ms = 1_000_000
+    # rank 0 predicted to push at 140 ms; at 200 ms it is 60 ms late: the relaxed join goes in without the push
+    meta = _table({"LAST_PUSH_NS": [100 * ms, 105 * ms], "PERIOD_NS": [40 * ms, 40 * ms],
+                   "INTERVAL_NS": [30 * ms, 30 * ms], "NOW_NS": [110 * ms] * 2})
+    assert join_wait_s(meta, 0, 200 * ms) == 0.0
+    assert lockstep_join_wait_s(meta, 0) == LOCKSTEP_RECHECK_S
+    assert lockstep_join_wait_s(_with(meta, 0, GATED, 1), 0) == 0.0
+    # another rank's gate decides nothing for this one
+    assert lockstep_join_wait_s(_with(meta, 1, GATED, 1), 0) == LOCKSTEP_RECHECK_S
+
+
 def _with(meta, rank, column, value):
     out = meta.copy()
     out[rank, column] = value

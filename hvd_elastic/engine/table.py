@@ -265,9 +265,9 @@ def lockstep_join_wait_s(meta: np.ndarray, rank: int) -> float:
 
 
 def observe_lockstep(rule, meta: np.ndarray) -> bool:
-    """Feed a lock-step rule (hvd_elastic._native.LockstepRule) one tick's table: each rank's clock, step compute
-    time, push period and finished flag. Returns whether the ranks go in lock-step after it."""
-    return rule.observe(meta[:, CLOCK].tolist(), meta[:, INTERVAL_NS].tolist(), meta[:, PERIOD_NS].tolist(),
+    """Feed a lock-step rule (hvd_elastic._native.LockstepRule) one tick's table: each rank's clock, its latest
+    push's step compute time and time, and finished flag. Returns whether the ranks go in lock-step after it."""
+    return rule.observe(meta[:, CLOCK].tolist(), meta[:, INTERVAL_NS].tolist(), meta[:, LAST_PUSH_NS].tolist(),
                         (meta[:, FINISHED] > 0).tolist())
 
 

@@ -281,9 +281,10 @@ PYBIND11_MODULE(_native, m) {
                            "overheads are sampled / sampled during the first measurement of each mode.")
       .def(py::init<int, double, int64_t, int64_t>(), py::arg("n"), py::arg("min_gain"), py::arg("settle"),
            py::arg("sample"))
-      .def("observe", &LockstepRule::observe, py::arg("clocks"), py::arg("interval_ns"), py::arg("period_ns"),
+      .def("observe", &LockstepRule::observe, py::arg("clocks"), py::arg("interval_ns"), py::arg("last_push_ns"),
            py::arg("finished"),
-           "One tick's table (per rank: clock, step compute time, push period in ns, finished). Returns lockstep.")
+           "One tick's table (per rank: clock, the latest push's step compute time and time in ns, finished).\n"
+           "Returns lockstep.")
       .def_property_readonly("lockstep", &LockstepRule::lockstep)
       .def_property_readonly("gain", &LockstepRule::gain,
                              "Predicted pushes per second relaxed / lock-step (0 until both modes are measured).")

@@ -10,8 +10,8 @@
 namespace hvd_elastic {
 
 LockstepRule::LockstepRule(int n, double min_gain, int64_t settle, int64_t sample)
-    : min_gain_(min_gain), settle_(settle), sample_(sample), clocks_(n, 0), compute_(n, -1.0), since_(n, 0),
-      finished_(n, false) {
+    : min_gain_(min_gain), settle_(settle), sample_(sample), clocks_(n, 0), compute_(n, -1.0), last_push_(n, -1),
+      since_(n, 0), finished_(n, false) {
   const char* where = "LockstepRule";
   HVD_REQUIRE(n >= 1 && n <= checks::kMaxWorkers, where,
               "n must be in [1, " + std::to_string(checks::kMaxWorkers) + "], got " + std::to_string(n));
@@ -22,30 +22,42 @@ LockstepRule::LockstepRule(int n, double min_gain, int64_t settle, int64_t sampl
 }
 
 bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector<int64_t>& interval_ns,
-                           const std::vector<int64_t>& period_ns, const std::vector<bool>& finished) {
+                           const std::vector<int64_t>& last_push_ns, const std::vector<bool>& finished) {
   const char* where = "LockstepRule.observe";
   const size_t n = compute_.size();
-  HVD_REQUIRE(clocks.size() == n && interval_ns.size() == n && period_ns.size() == n && finished.size() == n, where,
-              "every column needs one entry per rank (" + std::to_string(n) + ")");
+  HVD_REQUIRE(clocks.size() == n && interval_ns.size() == n && last_push_ns.size() == n && finished.size() == n,
+              where, "every column needs one entry per rank (" + std::to_string(n) + ")");
+  std::vector<int64_t> pushed(n, 0);
+  std::vector<double> gap(n, -1.0);  // this observation's gap between consecutive pushes of each rank that pushed
+  int64_t delivered = 0;
   for (size_t q = 0; q < n; ++q) {
     HVD_REQUIRE(clocks[q] >= clocks_[q], where,
                 "rank " + std::to_string(q) + "'s clock went back from " + std::to_string(clocks_[q]) + " to " +
                     std::to_string(clocks[q]));
-    const int64_t pushed = clocks[q] - clocks_[q];
-    if (pushed == 0) continue;
+    pushed[q] = clocks[q] - clocks_[q];
+    if (pushed[q] == 0) continue;
+    delivered += pushed[q];
     clocks_[q] = clocks[q];
-    pushes_ += pushed;
-    if (lockstep_) lockstep_pushes_ += pushed;
+    if (last_push_[q] > 0 && last_push_ns[q] > last_push_[q])
+      gap[q] = static_cast<double>(last_push_ns[q] - last_push_[q]) / static_cast<double>(pushed[q]);
+    if (last_push_ns[q] > 0) last_push_[q] = last_push_ns[q];
     if (interval_ns[q] > 0) {
       const double c = static_cast<double>(interval_ns[q]);
       compute_[q] = compute_[q] < 0 ? c : compute_[q] + kAlpha * (c - compute_[q]);
     }
   }
+  pushes_ += delivered;
+  if (lockstep_) lockstep_pushes_ += delivered;
   finished_ = finished;
   const int64_t in_mode = pushes_since_switch();
-  if (in_mode < settle_ || !sample_overheads(period_ns)) return lockstep_;
+  if (delivered > 0) {
+    const bool round = complete_round(pushed);
+    if (in_mode >= settle_) sample_overhead(gap, pushed, interval_ns, round && round_before_);
+    round_before_ = round;
+  }
+  if (in_mode < settle_ || measured_ranks() < 2) return lockstep_;
   if (!explored_) {  // one measurement of each mode first: lock-step, then relaxed
-    if (in_mode >= settle_ + sample_) {
+    if (in_mode >= settle_ + sample_ && (lockstep_ ? o_lock_ : o_relax_) >= 0) {
       if (lockstep_)
         switch_to(false);
       else
@@ -64,6 +76,7 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
 void LockstepRule::switch_to(bool lockstep) {
   lockstep_ = lockstep;
   since_ = clocks_;
+  round_before_ = false;
   ++switches_;
 }
 
@@ -74,24 +87,48 @@ int64_t LockstepRule::pushes_since_switch() const {
   return fewest < 0 ? 0 : fewest;
 }
 
-// One sample of the current mode's overhead (o_L or o_R) from the live ranks whose compute time and period are
-// measured; false when fewer than two such ranks remain (nothing to choose between).
-bool LockstepRule::sample_overheads(const std::vector<int64_t>& period_ns) {
-  double period_sum = 0, excess_sum = 0, max_c = 0;
+// A round at a lock-step point: every live rank pushed exactly once in this observation and every live clock is
+// equal after it (so each rank's gap since its previous push is one round, when the observation before was one too).
+bool LockstepRule::complete_round(const std::vector<int64_t>& pushed) const {
+  int64_t clock = -1;
+  for (size_t q = 0; q < pushed.size(); ++q) {
+    if (finished_[q]) continue;
+    if (pushed[q] != 1 || (clock >= 0 && clocks_[q] != clock)) return false;
+    clock = clocks_[q];
+  }
+  return clock >= 0;
+}
+
+// One sample of the current mode's overhead, where this observation holds one: lock-step, a round between two
+// lock-step points (mean gap of the live ranks - the slowest live rank's compute in it); relaxed, each push's gap
+// beyond its step's compute (the mean over the ranks that pushed).
+void LockstepRule::sample_overhead(const std::vector<double>& gap, const std::vector<int64_t>& pushed,
+                                   const std::vector<int64_t>& interval_ns, bool lockstep_round) {
+  double sum = 0, max_c = 0;
   int k = 0;
-  for (size_t q = 0; q < compute_.size(); ++q) {
-    if (finished_[q] || compute_[q] <= 0 || period_ns[q] <= 0) continue;
-    const double p = static_cast<double>(period_ns[q]);
-    period_sum += p;
-    excess_sum += p - compute_[q];
-    max_c = std::max(max_c, compute_[q]);
+  for (size_t q = 0; q < gap.size(); ++q) {
+    if (finished_[q] || pushed[q] == 0) continue;
+    if (gap[q] < 0 || compute_[q] <= 0) {
+      if (lockstep_) return;  // a round counts only with every live rank's gap
+      continue;
+    }
+    const double c = pushed[q] == 1 && interval_ns[q] > 0 ? static_cast<double>(interval_ns[q]) : compute_[q];
+    sum += lockstep_ ? gap[q] : gap[q] - c;
+    max_c = std::max(max_c, c);
     ++k;
   }
-  if (k < 2) return false;
-  const double sample = std::max(0.0, lockstep_ ? period_sum / k - max_c : excess_sum / k);
+  if (k == 0 || (lockstep_ && (!lockstep_round || k < 2))) return;
+  const double sample = std::max(0.0, lockstep_ ? sum / k - max_c : sum / k);
   double& o = lockstep_ ? o_lock_ : o_relax_;
   o = o < 0 ? sample : o + kOverheadAlpha * (sample - o);
-  return true;
+}
+
+// Live ranks whose compute time is measured (fewer than two: nothing to choose between).
+int LockstepRule::measured_ranks() const {
+  int k = 0;
+  for (size_t q = 0; q < compute_.size(); ++q)
+    if (!finished_[q] && compute_[q] > 0) ++k;
+  return k;
 }
 
 double LockstepRule::predicted_gain() const {

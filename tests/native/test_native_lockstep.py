@@ -8,20 +8,31 @@ SETTLE = SAMPLE = 2     # pushes of every live rank
 
 
 class Stream:
-    """Feeds a LockstepRule one round at a time: every live rank pushes once per observation."""
+    """Feeds a LockstepRule one round at a time: every live rank pushes once per observation, `period_ms` after its
+    previous push."""
 
     def __init__(self, n=4, min_gain=1.25):
         self.rule = N.LockstepRule(n, min_gain, SETTLE, SAMPLE)
         self.clocks = [0] * n
+        self.times = [0] * n      # each rank's latest push, ns
         self.finished = [False] * n
+
+    def observe(self, compute_ms):
+        return self.rule.observe(self.clocks, [int(c * MS) for c in compute_ms], self.times, self.finished)
 
     def rounds(self, k, compute_ms, period_ms):
         modes = []
         for _ in range(k):
             self.clocks = [c + (not f) for c, f in zip(self.clocks, self.finished)]
-            modes.append(self.rule.observe(self.clocks, [int(c * MS) for c in compute_ms],
-                                           [int(p * MS) for p in period_ms], self.finished))
+            self.times = [t + (0 if f else int(p * MS)) for t, p, f in zip(self.times, period_ms, self.finished)]
+            modes.append(self.observe(compute_ms))
         return modes
+
+    def push(self, rank, after_ms, compute_ms):
+        """One push of `rank` alone, `after_ms` after its previous one, in a tick of its own."""
+        self.clocks[rank] += 1
+        self.times[rank] += int(after_ms * MS)
+        return self.observe(compute_ms)
 
 
 STRAGGLER = [30, 30, 30, 90]                 # compute ms: one rank 3x slower
@@ -62,6 +73,33 @@ def test_speeds_that_spread_out_later_make_the_ranks_relax_again():
     for _ in range(40):
         s.rounds(1, STRAGGLER, LOCKSTEP_STRAGGLER if s.rule.lockstep else RELAXED_STRAGGLER)
     assert not s.rule.lockstep and s.rule.switches == 3 and s.rule.gain > 1.25 * 1.05
+
+
+def test_a_wait_for_a_rank_catching_up_after_a_switch_is_not_counted_as_lockstep_cost():
+    s = Stream()
+    s.rounds(4, STRAGGLER, LOCKSTEP_STRAGGLER)            # o_L = 5 ms
+    s.rounds(4, STRAGGLER, RELAXED_STRAGGLER)
+    assert not s.rule.lockstep
+    for _ in range(30):                                   # relaxed: the fast ranks run ahead, 2.5 pushes a round
+        for q in range(3):
+            s.push(q, 40, STRAGGLER)
+        if len(set(s.clocks[:3])) == 1 and s.clocks[0] % 5 == 0:
+            s.push(3, 100, STRAGGLER)
+    # speeds even out: the model goes back to lock-step, and the ranks ahead are held while rank 3 catches up
+    s.rounds(1, [30] * 4, [40, 40, 40, 40])
+    while not s.rule.lockstep:
+        s.rounds(1, [30] * 4, [45] * 4)
+    switches, ahead = s.rule.switches, max(s.clocks) - s.clocks[3]
+    assert ahead > 10
+    for _ in range(ahead):                                # rank 3 alone, one step of 30 + 5 ms per tick
+        s.push(3, 35, [30] * 4)
+    held_ms = 35 * ahead
+    s.rounds(1, [30] * 4, [held_ms + 35] * 3 + [35])     # the held ranks' first gap holds the whole catch-up
+    s.rounds(12, [30] * 4, [35] * 4)                      # then lock-step rounds: 5 ms beyond the compute
+    assert s.rule.switches == switches and s.rule.lockstep
+    # o_L stays near 5 ms (its moving average had moved toward 15 at most since the first measurement... it only
+    # takes samples from rounds between lock-step points, never the held ranks' first gap of held_ms + 35 ms)
+    assert s.rule.overhead_lockstep_ns == pytest.approx(5 * MS, rel=0.01), s.rule.overhead_lockstep_ns / MS
 
 
 def test_hysteresis_keeps_the_mode_near_the_threshold():

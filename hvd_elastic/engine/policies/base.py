@@ -186,7 +186,7 @@ class Lockstep:
     pushed as many updates as it has (SSP with s = 0, which is BSP) -- whatever the policy's own rule would allow.
     The mode is a function of the tick stream, so every rank is in the same mode at the same tick."""
 
-    SETTLE = 8   # pushes of every rank after a switch before its period reflects the new mode (its average: 0.2)
+    SETTLE = 8   # pushes of every rank after a switch before the overheads are sampled (the first carry the old mode)
 
     def __init__(self, size: int, min_gain: float):
         self.size, self.min_gain = size, min_gain

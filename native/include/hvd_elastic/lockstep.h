@@ -6,20 +6,23 @@
 // BSP's pace is the better choice. This rule makes that choice at run time, from measurements only:
 //
 //   c_q  each live rank's step compute time (a moving average of the tick stream's INTERVAL, per push of q),
-//   P_q  each live rank's push period (the tick stream's PERIOD, itself a moving average),
-//   o_L  lock-step's cost per round beyond the slowest rank's compute: mean_q P_q - max_q c_q, measured while the
-//        ranks go in lock-step,
-//   o_R  the relaxed rule's cost per step beyond a rank's compute: mean_q (P_q - c_q), measured while relaxed,
+//   g_q  the gap between two consecutive pushes of q (the tick stream's LAST_PUSH, per push; the mean gap where a
+//        tick delivers several pushes of q),
+//   o_L  lock-step's cost per round beyond the slowest rank's compute: mean_q g_q - max_q INTERVAL_q over one round,
+//        sampled only from a round that starts and ends at a lock-step point (every live rank pushed exactly once in
+//        the tick before and in this one, and every live clock is equal after each), so a gap that holds the wait
+//        for a rank catching up after a switch is never counted as lock-step's cost,
+//   o_R  the relaxed rule's cost per step beyond a rank's compute: g_q - INTERVAL_q, sampled per push while relaxed,
 //   gain = [sum_q 1 / (c_q + o_R)] / [n / (max_q c_q + o_L)]   (predicted pushes per second, relaxed / lock-step).
 //
 // The ranks relax while gain >= min_gain: from lock-step once gain >= min_gain * (1 + kHysteresis), back to
 // lock-step once gain < min_gain * (1 - kHysteresis). min_gain is the throughput a relaxed rule must promise to pay
-// for its stale gradients (1.25: a quarter more pushes). A period reflects a new mode only after a few pushes of its
-// rank (and the first period after a switch to lock-step holds the wait for the slowest rank to catch up), so the
-// overheads are sampled once every live rank has pushed `settle` times since the switch. Start: lock-step until o_L
-// is measured (every live rank `settle` + `sample` pushes), then relaxed until o_R is (the same), then the model
-// decides at every observation. Every input comes from the tick stream, which every rank observes identically in
-// the same order: every rank holds the same state at the same tick, so the ranks switch together.
+// for its stale gradients (1.25: a quarter more pushes). The first pushes after a switch still carry the previous
+// mode (a rank's first gap in relaxed mode may end a lock-step wait), so the overheads are sampled once every live
+// rank has pushed `settle` times since the switch. Start: lock-step until o_L is measured (every live rank `settle` +
+// `sample` pushes), then relaxed until o_R is (the same), then the model decides at every observation. Every input
+// comes from the tick stream, which every rank observes identically in the same order: every rank holds the same
+// state at the same tick, so the ranks switch together.
 #pragma once
 
 #include <cstdint>
@@ -36,10 +39,10 @@ class LockstepRule {
   // min_gain > 0; settle, sample >= 1 (pushes of every live rank).
   LockstepRule(int n, double min_gain, int64_t settle, int64_t sample);
 
-  // One tick's table: per rank the pushes delivered (clock), the latest step compute time and the push period (ns;
-  // <= 0: not measured yet), finished flags. Returns lockstep() after the observation.
+  // One tick's table: per rank the pushes delivered (clock), the latest push's step compute time and the time of the
+  // latest push (ns on one clock per rank; <= 0: not measured yet), finished flags. Returns lockstep() after it.
   bool observe(const std::vector<int64_t>& clocks, const std::vector<int64_t>& interval_ns,
-               const std::vector<int64_t>& period_ns, const std::vector<bool>& finished);
+               const std::vector<int64_t>& last_push_ns, const std::vector<bool>& finished);
 
   bool lockstep() const { return lockstep_; }
   double gain() const { return gain_; }                  // the latest prediction; 0 until both overheads are measured
@@ -53,13 +56,18 @@ class LockstepRule {
 
  private:
   void switch_to(bool lockstep);
-  bool sample_overheads(const std::vector<int64_t>& period_ns);
+  bool complete_round(const std::vector<int64_t>& pushed) const;
+  void sample_overhead(const std::vector<double>& gap, const std::vector<int64_t>& pushed,
+                       const std::vector<int64_t>& interval_ns, bool lockstep_round);
+  int measured_ranks() const;
   double predicted_gain() const;
 
   double min_gain_;
   int64_t settle_, sample_;
   std::vector<int64_t> clocks_;
   std::vector<double> compute_;   // c_q, -1 until measured
+  std::vector<int64_t> last_push_;  // each rank's latest push time as of the last observation, -1 until known
+  bool round_before_ = false;     // the last observation that delivered pushes was a complete round
   bool lockstep_ = true;
   bool explored_ = false;         // both modes measured once: the model decides
   int64_t pushes_since_switch() const;  // the fewest pushes of a live rank since the last switch

@@ -33,6 +33,8 @@ class Handoff:
         self.lock = threading.Condition()
         self.completed: Deque[Tick] = collections.deque()   # completed ticks the training thread has not taken
         self.last_meta: Optional[np.ndarray] = None   # the table of the last completed tick
+        self.delivered = 0             # ticks completed so far ...
+        self.taken = 0                 # ... and taken by the training thread
         self.ticking = False           # a thread is running a tick (the token: one tick at a time)
         self.wake = False              # a push (or a change of what the training thread does) since the tick
                                        # thread last looked: it skips its wait
@@ -126,8 +128,9 @@ class TickLoop:
         with self._lock:
             while not (h.wake or self.row.finished or self.row.pending_count or h.stopped):
                 meta = h.last_meta
+                live = None if meta is None else self.row.live(meta, gate_seen=self.row.gated_at == h.delivered)
                 wait = None if meta is None else \
-                    self.pacing.join_wait_s(self.row.live(meta), self.rank, self.row.now_ns(), self.row.own_due_ns())
+                    self.pacing.join_wait_s(live, self.rank, self.row.now_ns(), self.row.own_due_ns())
                 left = (deadline - time.monotonic()) if wait is None else wait
                 if left <= 0:
                     return
@@ -266,6 +269,7 @@ class TickLoop:
             self._account(tick, total, full, join)
             h.last_meta = meta
             h.completed.append(tick)
+            h.delivered += 1
             done = bool(meta[:, FINISHED].all()) and total == 0 and int(meta[:, PENDING].sum()) == 0
             if done:
                 h.stopped = True

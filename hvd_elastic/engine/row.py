@@ -26,7 +26,8 @@ class OwnRow:
         self.pending_since_ns = -1     # ... and when the first of them came
         self.sent_push_ns = -1         # time of the last push inside a sent (full) tick: LAST_PUSH_NS goes with CLOCK
         self.finished = False          # finish() was called
-        self.gated = False             # the training thread is held at its gate (GATED)
+        self.gated = False             # the training thread is held at its gate (GATED) ...
+        self.gated_at = -1             # ... as of this many ticks taken (Handoff.taken)
         self.outside = False           # the training thread waits in a collective of the script's own (OUTSIDE)
         self.resumed_ns = -1           # when the training thread last started a step (after its gate opened)
         self._push_times: Deque[float] = collections.deque()   # perf_counter of own pushes not delivered yet
@@ -78,11 +79,13 @@ class OwnRow:
         return self.table(index, 0, self.clock - count, count, min(since) if since else -1,
                           int(stream_since_ns is not None), lead_ns)
 
-    def live(self, meta: np.ndarray) -> np.ndarray:
-        """The last tick's table with this row as it stands now (what a join decides from)."""
+    def live(self, meta: np.ndarray, gate_seen: bool = True) -> np.ndarray:
+        """The last tick's table with this row as it stands now (what a join decides from). gate_seen: the training
+        thread decided its gate after taking every completed tick; otherwise a held gate may be about to open (a
+        tick that opens it completed since) and GATED reads 0 until it decides again."""
         meta = meta.copy()
         meta[self.rank, [LAST_PUSH_NS, INTERVAL_NS, PERIOD_NS, GATED]] = \
-            (self.last_push_ns, self.interval_ns, self.period_ns, int(self.gated or self.outside))
+            (self.last_push_ns, self.interval_ns, self.period_ns, int((self.gated and gate_seen) or self.outside))
         return meta
 
     def own_due_ns(self) -> Optional[int]:

@@ -205,6 +205,7 @@ class Ticker:
             h.check()
             out = list(h.completed)
             h.completed.clear()
+            h.taken += len(out)
         for tick in out:
             if tick.buffer is not None:
                 self.pool.received(tick.buffer)
@@ -281,11 +282,16 @@ class Ticker:
 
     @gated.setter
     def gated(self, value: bool):
-        if value != self.row.gated:
-            with self._lock:
-                self.row.gated = value
-                if self.pacing.may_join:   # the waiting thread decides again when to join (probes wait as planned)
-                    self._lock.notify_all()
+        """Set on every gate check: the row also keeps how many ticks the training thread had taken (gated_at), so
+        the tick thread trusts a held gate only once it has seen every completed tick (one that opens the gate may
+        have completed since)."""
+        row, h = self.row, self.handoff
+        if value == row.gated and (not value or row.gated_at == h.taken):
+            return
+        with self._lock:
+            row.gated, row.gated_at = value, h.taken
+            if self.pacing.may_join:   # the waiting thread decides again when to join (probes wait as planned)
+                self._lock.notify_all()
 
     def resumed(self):
         """The training thread starts its next step (its gate opened): the own push's prediction counts from now

@@ -68,3 +68,15 @@ def test_off_the_policy_runs_its_own_rule_alone():
     run = run_job("asp", [[0.005]] * 3 + [[0.05]], target=300, relax_min_gain=0)
     assert all("lockstep_share" not in c for c in run.counters), run.counters[0]
     assert max(c["max_clock_gap"] for c in run.counters) > 3
+
+
+
+@pytest.mark.parametrize("schedule", ["equal", "straggler"])
+def test_in_lockstep_a_rank_whose_gate_just_opened_still_pushes_in_its_round(lockstep_throughout, schedule):
+    """With one own push in flight a rank waits at its gate, held, for the round's tick, and that tick opens the gate
+    before its training thread has applied it. The tick thread must not take the held flag it still shows for a
+    reason to join the next tick at once: it would go in without the push its rank is about to make, and that round
+    would take two ticks (again and again: the ranks whose push missed a tick are held when the next one completes).
+    One payload tick per round, as BSP's one allreduce."""
+    run = run_job("asp", [s[:STEPS] for s in SCHEDULES[schedule]], max_inflight=1)
+    assert all(c["nonempty_ticks"] == STEPS for c in run.counters), [c["nonempty_ticks"] for c in run.counters]

@@ -78,6 +78,7 @@ void LockstepRule::switch_to(bool lockstep) {
   since_ = clocks_;
   round_before_ = false;
   ++switches_;
+  switch_pushes_.push_back(pushes_);
 }
 
 int64_t LockstepRule::pushes_since_switch() const {

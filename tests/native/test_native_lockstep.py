@@ -50,7 +50,7 @@ def test_starts_in_lockstep_and_measures_each_mode_once_before_the_model_decides
     assert s.rule.overhead_relaxed_ns == pytest.approx(10 * MS)
     # gain = (3 / 40 + 1 / 100) / (4 / 95) = 2.02: a straggler pays for relaxing
     assert s.rule.gain == pytest.approx((3 / 40 + 1 / 100) / (4 / 95), rel=1e-6)
-    assert not s.rule.lockstep and s.rule.switches == 1
+    assert not s.rule.lockstep and s.rule.switches == 1 and s.rule.switch_pushes == [16]
     assert s.rule.lockstep_pushes == 16 and s.rule.pushes == 32
 
 
@@ -58,7 +58,7 @@ def test_equal_speeds_go_back_to_lockstep_when_relaxing_costs_more_than_it_saves
     s = Stream()
     s.rounds(4, [30] * 4, [35] * 4)                       # lock-step: 5 ms a round beyond the compute
     s.rounds(4, [30] * 4, [42] * 4)                       # relaxed: 12 ms a step
-    assert s.rule.lockstep and s.rule.switches == 2       # gain 35 / 42 < 1.25
+    assert s.rule.lockstep and s.rule.switch_pushes == [16, 32]   # gain 35 / 42 < 1.25
     assert s.rule.gain == pytest.approx(35 / 42, rel=1e-6)
     assert all(s.rounds(20, [30] * 4, [35] * 4))          # and stays there while speeds stay equal
 

@@ -49,6 +49,7 @@ class LockstepRule {
   double overhead_lockstep_ns() const { return o_lock_; }  // o_L; -1 until measured
   double overhead_relaxed_ns() const { return o_relax_; }  // o_R; -1 until measured
   int64_t switches() const { return switches_; }
+  const std::vector<int64_t>& switch_pushes() const { return switch_pushes_; }  // pushes() at each switch
   int64_t lockstep_pushes() const { return lockstep_pushes_; }  // pushes delivered while in lock-step
   int64_t pushes() const { return pushes_; }
   int size() const { return static_cast<int>(compute_.size()); }
@@ -74,6 +75,7 @@ class LockstepRule {
   std::vector<int64_t> since_;    // each rank's clock at the last switch
   std::vector<bool> finished_;   // as of the last observation
   int64_t pushes_ = 0, lockstep_pushes_ = 0, switches_ = 0;
+  std::vector<int64_t> switch_pushes_;
   double o_lock_ = -1, o_relax_ = -1, gain_ = 0;
 };
 

@@ -128,9 +128,10 @@ class TickLoop:
         with self._lock:
             while not (h.wake or self.row.finished or self.row.pending_count or h.stopped):
                 meta = h.last_meta
-                live = None if meta is None else self.row.live(meta, gate_seen=self.row.gated_at == h.delivered)
-                wait = None if meta is None else \
-                    self.pacing.join_wait_s(live, self.rank, self.row.now_ns(), self.row.own_due_ns())
+                wait = None
+                if meta is not None:
+                    live = self.row.live(meta, gate_seen=self.row.gated_at == h.delivered)
+                    wait = self.pacing.join_wait_s(live, self.rank, self.row.now_ns(), self.row.own_due_ns())
                 left = (deadline - time.monotonic()) if wait is None else wait
                 if left <= 0:
                     return

@@ -2,11 +2,14 @@
 native/include/hvd_elastic/lockstep.h) in one process (tests/harness.py: n ranks as threads, an in-memory allreduce,
 scripted step times). In lock-step every gradient policy is BSP, exactly; the ranks relax where a straggler makes it
 pay and stay in lock-step where speeds are equal; every rank switches at the same ticks."""
+import time
+
 import numpy as np
 import pytest
 
 from harness import bsp_reference, run_job
 from hvd_elastic.engine.policies.base import Lockstep
+from hvd_elastic.engine.table import LOCKSTEP_RECHECK_S
 from test_engine import SCHEDULES
 
 STEPS = 25
@@ -81,3 +84,18 @@ def test_in_lockstep_a_rank_whose_gate_just_opened_still_pushes_in_its_round(loc
     One payload tick per round, as BSP's one allreduce."""
     run = run_job("asp", [s[:STEPS] for s in SCHEDULES[schedule]], max_inflight=1)
     assert all(c["nonempty_ticks"] == STEPS for c in run.counters), [c["nonempty_ticks"] for c in run.counters]
+
+
+@pytest.mark.parametrize("schedule", ["equal", "straggler"])
+def test_in_lockstep_the_tick_thread_sleeps_while_the_training_thread_runs_the_ticks(lockstep_throughout, schedule):
+    """In lock-step each training thread runs its round's tick itself (run_inline), and its rank's tick thread has
+    nothing to do: a lock-step join reads only the rank's own row, so neither a completed tick, nor a gate that opens,
+    nor the start of a step, nor a gate held on the push the training thread is about to send itself may wake it.
+    Each wake-up costs an interpreter lock hand-over right where a tick completes (on a machine whose cores are all
+    busy, about as much as the tick's own bookkeeping)."""
+    t0 = time.monotonic()
+    run = run_job("asp", [s[:STEPS] for s in SCHEDULES[schedule]])
+    rechecks = (time.monotonic() - t0) / LOCKSTEP_RECHECK_S + 1   # a waiting thread's own timer (a loaded machine)
+    for c in run.counters:
+        assert c["inline_ticks"] >= STEPS - 2, c
+        assert c["tick_thread_wakeups"] <= STEPS // 5 + rechecks, c    # about 1.5 a tick when woken

@@ -131,10 +131,13 @@ class SyncEngine:
         add = self.updates.push_function(accumulate)
         # inline: this rank waits for its own push's tick (no push may stay in flight), so while ticks are joined
         # its training thread may send it itself (Ticker.run_inline)
-        self.ticker.push(lambda dst: add(dst, weight), int(interval_s * 1e9), inline=self._max_inflight() == 0)
+        alpha = weight * self.updates.push_scale
+        self.ticker.push(lambda dst: add(dst, alpha), int(interval_s * 1e9), inline=self._max_inflight() == 0)
         self._pushed(weight)
 
     def _push_weight(self) -> float:
+        """The staleness compensation's weight of this push (1 without compensation); the push adds weight x
+        updates.push_scale x the update."""
         if self.policy.compensation == "none":
             return 1.0
         return compensation_weight(self.policy.compensation,
@@ -155,7 +158,8 @@ class SyncEngine:
         """Backward starts: announce this step's gradient; False: push it normally (ticker.stream_begin says when).
         ``accumulate_range(dst, start, stop, alpha)`` adds alpha x words [start, stop) of the gradient into dst."""
         weight = self._push_weight()
-        if not self.ticker.stream_begin(lambda dst, start, stop: accumulate_range(dst, start, stop, weight)):
+        alpha = weight * self.updates.push_scale
+        if not self.ticker.stream_begin(lambda dst, start, stop: accumulate_range(dst, start, stop, alpha)):
             return False
         self._stream_weight = weight
         return True

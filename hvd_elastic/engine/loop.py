@@ -27,10 +27,16 @@ class TickerError(HvdElasticError):
 class Handoff:
     """What the two threads share, under one lock (`lock`, which the ticker's parts share too): the completed ticks
     on their way to the training thread and the last table, the tick token, the wake-ups, and how the tick thread
-    ended."""
+    ended. Each thread waits on a condition of its own over that lock, so that a notification reaches only the
+    thread it is for: the training thread on `lock` (completed ticks, the end of a stream's reads), the tick thread
+    on `thread_wake` (what it does next, the token, a stream's chunks). Every wake-up of a thread costs the other
+    threads of the machine a slice of a core, and the rank its interpreter lock, right when a tick completes."""
 
     def __init__(self):
-        self.lock = threading.Condition()
+        mutex = threading.RLock()
+        self.lock = threading.Condition(mutex)
+        self.thread_wake = threading.Condition(mutex)
+        self.awaiting_token = False    # the tick thread waits for the training thread's tick (run_inline) to end
         self.completed: Deque[Tick] = collections.deque()   # completed ticks the training thread has not taken
         self.last_meta: Optional[np.ndarray] = None   # the table of the last completed tick
         self.delivered = 0             # ticks completed so far ...
@@ -45,7 +51,11 @@ class Handoff:
     def wake_thread(self):
         """(Under the lock.) The tick thread skips its wait."""
         self.wake = True
-        self.lock.notify_all()
+        self.thread_wake.notify_all()
+
+    def decide_again(self):
+        """(Under the lock.) A waiting tick thread decides again what to do next (how long to wait)."""
+        self.thread_wake.notify_all()
 
     def check(self):
         if self.error is not None:
@@ -70,6 +80,7 @@ class TickLoop:
         self.payload_collectives = 0   # model-sized allreduces (probes move none)
         self.join_ticks = 0            # joined ticks
         self.inline_ticks = 0          # joined ticks the training thread ran itself (run_inline)
+        self.wakeups = 0               # times the tick thread woke from a wait (notified or timed out)
         self.comm_s = 0.0
         self.thread = threading.Thread(target=self._run, name=f"hvd_elastic-ticker-{self.rank}", daemon=True)
 
@@ -83,6 +94,7 @@ class TickLoop:
                 self.handoff.error = e
                 self.handoff.stopped = True
                 self._lock.notify_all()
+                self.handoff.decide_again()
 
     def _loop(self):
         h = self.handoff
@@ -96,7 +108,10 @@ class TickLoop:
                 self._await_probe(deadline)
             with self._lock:
                 while h.ticking and not h.stopped:   # the training thread runs a tick (run_inline)
-                    self._lock.wait(1.0)
+                    h.awaiting_token = True
+                    h.thread_wake.wait(1.0)
+                    self.wakeups += 1
+                h.awaiting_token = False
                 if h.stopped:
                     return
                 if self.ticks != seen:      # it ran one: decide again from its table
@@ -118,7 +133,8 @@ class TickLoop:
         if wait > 0:
             with self._lock:
                 if not self.row.finished and not self.handoff.wake:
-                    self._lock.wait(wait)
+                    self.handoff.thread_wake.wait(wait)
+                    self.wakeups += 1
 
     def _await_join(self, deadline: float):
         """Until this rank should join the next tick (the pacing's join_wait_s, decided again whenever the training
@@ -135,7 +151,8 @@ class TickLoop:
                 left = (deadline - time.monotonic()) if wait is None else wait
                 if left <= 0:
                     return
-                self._lock.wait(left)
+                h.thread_wake.wait(left)
+                self.wakeups += 1
 
     def _blocking(self) -> bool:
         """How this thread waits for a collective (allreduce_sum's `block`): the training thread running a tick
@@ -171,7 +188,10 @@ class TickLoop:
         finally:
             with self._lock:
                 h.ticking = False
-                self._lock.notify_all()
+                # the tick thread: waiting for the token, or (joined ticks outside lock-step, where its join waits on
+                # the table) to decide again from the new table; a lock-step join reads only this rank's own row
+                if h.awaiting_token or h.stopped or not self.pacing.in_lockstep:
+                    h.decide_again()
         return True
 
     # ---- one tick --------------------------------------------------------------------------------------------

@@ -87,6 +87,7 @@ class ProbePacing:
 
     joined = False   # ticks are not joined: the thread issues each one when its deadline comes
     may_join = False
+    in_lockstep = False   # (only auto pacing follows the lock-step fallback)
 
     def __init__(self, numel: int, backoff: Backoff, hold_fraction: float):
         self.backoff, self.hold_fraction = backoff, hold_fraction
@@ -121,6 +122,7 @@ class JoinPacing:
 
     joined = True
     may_join = True   # a change of the training thread's gate makes the waiting thread decide again
+    in_lockstep = False
 
     def __init__(self, backoff: Backoff, hold_fraction: float):
         self.backoff, self.hold_fraction = backoff, hold_fraction

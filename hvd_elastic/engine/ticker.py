@@ -92,7 +92,7 @@ class Ticker:
         self.row = OwnRow(rank, size, epoch_ns)
         self.wire = Wire(buffers, numel, size, allreduce_sum, name)
         self.pool = BufferPool(buffers, self.wire.length, self._lock)
-        self.streams = Streams(numel, stream, self._lock)
+        self.streams = Streams(numel, stream, self._lock, self.handoff.thread_wake)
         self.pacing = make_pacing(pacing, numel, self.streams.chunked, tick_s, max_idle_s, hold_fraction,
                                   join_stragglers, lockstep)
         self._loop = TickLoop(self)
@@ -156,7 +156,7 @@ class Ticker:
         """Words [start, stop) of the streamed update are final."""
         with self._lock:
             if self.streams.ready(start, stop):
-                self._lock.notify_all()
+                self.handoff.decide_again()   # the tick thread reads the chunks (Streams.read_chunk)
 
     def stream_end(self, interval_ns: int) -> int:
         """The streamed update is complete (words never reported ready are read now as they are). Returns the rank's
@@ -188,6 +188,7 @@ class Ticker:
         with self._lock:
             self.row.finished = True
             self._lock.notify_all()
+            self.handoff.decide_again()
 
     # ---- completed ticks ---------------------------------------------------------------------------------------
     def take(self, block: bool = False, timeout: Optional[float] = None) -> List[Tick]:
@@ -290,16 +291,19 @@ class Ticker:
             return
         with self._lock:
             row.gated, row.gated_at = value, h.taken
-            if self.pacing.may_join:   # the waiting thread decides again when to join (probes wait as planned)
-                self._lock.notify_all()
+            # The waiting thread decides again when to join (probes wait as planned) -- only when it may join sooner:
+            # a gate that opens can only make it wait longer, and the push the training thread is about to send
+            # itself (run_inline) needs no thread.
+            if self.pacing.may_join and value and not h.inline_due:
+                h.decide_again()
 
     def resumed(self):
         """The training thread starts its next step (its gate opened): the own push's prediction counts from now
         (OwnRow.own_due_ns); a waiting tick thread decides again when to join."""
         with self._lock:
             self.row.resumed_ns = self.row.now_ns()
-            if self.pacing.may_join:
-                self._lock.notify_all()
+            if self.pacing.may_join and not self.pacing.in_lockstep:   # a lock-step join uses no prediction
+                self.handoff.decide_again()
 
     @property
     def outside(self) -> bool:
@@ -320,4 +324,5 @@ class Ticker:
                 "payload_collectives": loop.payload_collectives, "join_ticks": loop.join_ticks,
                 "inline_ticks": loop.inline_ticks, "bytes_reduced": self.wire.bytes_reduced,
                 "streamed_pushes": self.streams.taken, "buffers_allocated": self.pool.allocated,
-                "held_ticks_max": self.pool.held_max, "tick_comm_s": round(loop.comm_s, 3)}
+                "held_ticks_max": self.pool.held_max, "tick_comm_s": round(loop.comm_s, 3),
+                "tick_thread_wakeups": loop.wakeups}

@@ -1,10 +1,10 @@
 """The two kinds of update a relaxed policy exchanges, one class each; a policy names its kind (``Policy.updates``)
 and the engine (engine.py) holds one instance, so no code asks which kind it runs.
 
-- :class:`GradientUpdates` (asp, ssp, dssp, zipline): each step pushes this rank's gradient; every tick's sum is
-  applied with the optimizer, scale 1 / n (and the tick's share of a round, for momentum), on every rank's replica,
-  in tick order -- the parameter server's role,
-  played by every rank, so weights and optimizer state stay identical everywhere.
+- :class:`GradientUpdates` (asp, ssp, dssp, zipline): each step pushes this rank's gradient / n (BSP's average:
+  a tick's sum is the update as it is applied); every tick's sum is applied with the optimizer (with the tick's share
+  of a round, for momentum) on every rank's replica, in tick order -- the parameter server's role, played by every
+  rank, so weights and optimizer state stay identical everywhere.
 - :class:`DeltaUpdates` (wbsp): each rank trains its own copy with its own optimizer (a local step, then the push)
   and pushes model deltas; the engine keeps the global model W (W += tick sum / n), which a rank downloads into its
   copy when the policy says so.
@@ -29,19 +29,23 @@ class GradientUpdates:
         if apply_gradient is None:
             raise TypeError("gradient policies need apply_gradient")
         self.size, self.apply_gradient = size, apply_gradient
+        # Each gradient enters the tick's sum scaled by 1 / n, folded into the push's own add, so applying a tick is
+        # a plain copy into the optimizer's gradients (for n a power of two, bit for bit BSP's sum, then / n).
+        self.push_scale = 1.0 / size
 
     def push_function(self, accumulate: Callable[[Any, float], None]) -> Callable[[Any, float], None]:
-        """What the push adds into the send buffer: ``accumulate(dst, alpha)`` (alpha x this step's gradient)."""
+        """What the push adds into the send buffer: ``accumulate(dst, alpha)`` (alpha x this step's gradient; the
+        engine's alpha already holds push_scale)."""
         return accumulate
 
     def pushed(self):
         pass
 
     def apply(self, update, count: int):
-        """One optimizer step with the tick's summed gradients (`count` of them) / n; ``share`` = count / n is the
-        part of a round the tick carries, from which the frontend's momentum rule (HVD_ELASTIC_MOMENTUM_PER) knows
-        where rounds start."""
-        self.apply_gradient(update, 1.0 / self.size, count / self.size)
+        """One optimizer step with the tick's summed gradients (`count` of them, each pushed / n); ``share`` = count
+        / n is the part of a round the tick carries, from which the frontend's momentum rule
+        (HVD_ELASTIC_MOMENTUM_PER) knows where rounds start."""
+        self.apply_gradient(update, 1.0, count / self.size)
 
     def proceeding(self):
         pass
@@ -66,6 +70,7 @@ class DeltaUpdates:
     replicated = False    # optimizer state is per rank by design
     align_peers = False
     holds_own_pushes = True    # the rank's own copy holds each delta it uploads (see staleness.py)
+    push_scale = 1.0           # deltas are pushed as they are; apply() averages them into W
 
     def __init__(self, buffers, numel: int, size: int, read_params: Optional[Callable[[], Any]] = None,
                  write_params: Optional[Callable[[Any], None]] = None,

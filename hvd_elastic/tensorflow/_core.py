@@ -197,7 +197,8 @@ class ElasticState:
         buffers = TfBuffers(flat.dtype)
         s.start_engine(Frontend(flat.numel, buffers, _allreduce_sum, tick_name="hvd_elastic.tick", epoch_ns=epoch_ns,
                                 # momentum per tick: a Keras optimizer's momentum is a constant of its compiled step
-                                apply_gradient=lambda update, scale, share: apply_flat(buffers.tensor(update) * scale),
+                                apply_gradient=lambda update, scale, share: apply_flat(
+                                    buffers.tensor(update) if scale == 1.0 else buffers.tensor(update) * scale),
                                 read_params=flat.weights, write_params=flat.set_weights))
 
     def finish(self) -> Dict[str, Any]:

@@ -117,7 +117,7 @@ class SyncEngine:
             self.ticker.stream_wait()   # a tick may still read this step's gradients, which applying overwrites
             if not pushed:
                 self.push(accumulate, compute_s)
-            self._pull(block=False, until_open=self._holds(self._blocked_by()))
+            self._pull(block=False, until_open=None)
         self._wait_at_gate()
         with self.telemetry.span("compute"):
             self._proceed()
@@ -255,10 +255,13 @@ class SyncEngine:
             self.ticker.run_inline()
         self._backlog.extend(self.ticker.take(block=block, timeout=timeout))
 
-    def _pull(self, block: bool, timeout: Optional[float] = None, until_open: bool = False) -> int:
+    def _pull(self, block: bool, timeout: Optional[float] = None, until_open: Optional[bool] = False) -> int:
         """Apply completed ticks in tick order; returns how many. block: wait (up to timeout) for one when none is
-        pending. until_open: stop right after the tick at which the gate opens."""
+        pending. until_open: stop right after the tick at which the gate opens (None: if the gate, as it stands
+        when there is a tick to apply, holds the rank -- engine's module docstring)."""
         self._take(block=block and not self._backlog, timeout=timeout)
+        if until_open is None and self._backlog:
+            until_open = self._holds(self._blocked_by())
         applied = 0
         while self._backlog:
             if applied and until_open and self._blocked_by() is None:

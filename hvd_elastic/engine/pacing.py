@@ -190,11 +190,13 @@ class AutoPacing:
         if self.lockstep is not None:
             observe_lockstep(self.lockstep, meta)
         # In lock-step every rank pushes once a round, as under BSP: joined at once (the lock-step join needs no
-        # prediction), one collective per round, for any policy
-        if self.join_stragglers or self.in_lockstep:
+        # prediction, nor the peers' window), one collective per round, for any policy
+        if self.in_lockstep:
+            self.joined = True
+        elif self.join_stragglers:
             # joined from the first predictable table with nothing pending (or in lock-step), and for good
             peers.wide = still_peers(meta, peers.wide)
-            self.joined = self.joined or self.in_lockstep or (predictable(meta) and nothing_pending(meta))
+            self.joined = self.joined or (predictable(meta) and nothing_pending(meta))
         else:                      # ... and only while every rank is a peer of every other (zipline)
             self.joined = peers.wide = still_peers(meta, self.joined) and (self.joined or nothing_pending(meta))
         self._current.pace(meta, active)

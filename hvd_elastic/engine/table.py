@@ -49,22 +49,22 @@ AUTO_EXIT_SPEED = 1.5      # still_peers: the ranks stay peers until a live rank
 HOLD_FRACTION = 0.5        # default release hold, a fraction of the pushers' step period (HVD_ELASTIC_PEER_WAIT)
 
 
+_SHIFTS = np.arange(META_PIECES, dtype=np.int64) * 16   # piece k of a value: bits 16k .. 16k + 15
+
+
 def encode_meta(meta: np.ndarray, out: np.ndarray):
-    """A table (any shape, values >= -1) into `out`'s words, META_PIECES per value."""
+    """A table (any shape, values >= -1) into `out`'s words, META_PIECES per value (piece k of value i at word
+    i x META_PIECES + k)."""
     v = meta.astype(np.int64).ravel() + 1
-    if (v < 0).any() or (v >= (1 << 62)).any():
+    if v.min() < 0 or v.max() >= (1 << 62):
         raise ValueError("tick metadata out of range")
-    for k in range(META_PIECES):
-        out[k::META_PIECES] = (v >> (16 * k)) & (_BASE - 1)
+    out[:] = ((v[:, None] >> _SHIFTS) & (_BASE - 1)).ravel()
 
 
 def decode_meta(words: np.ndarray, size: int, columns: int = META_COLUMNS) -> np.ndarray:
     """Inverse of encode_meta for a (size x columns) table (the tick's, or any other riding the same way)."""
-    pieces = np.rint(words).astype(np.int64)
-    v = np.zeros(size * columns, np.int64)
-    for k in range(META_PIECES):
-        v += pieces[k::META_PIECES] << (16 * k)
-    return (v - 1).reshape(size, columns)
+    pieces = np.rint(words).astype(np.int64).reshape(size * columns, META_PIECES)
+    return ((pieces << _SHIFTS).sum(axis=1) - 1).reshape(size, columns)
 
 
 class Tick:

@@ -51,7 +51,7 @@ class Handoff:
     def wake_thread(self):
         """(Under the lock.) The tick thread skips its wait."""
         self.wake = True
-        self.thread_wake.notify_all()
+        self.decide_again()
 
     def decide_again(self):
         """(Under the lock.) A waiting tick thread decides again what to do next (how long to wait)."""

@@ -38,13 +38,12 @@ class Streams:
     the stream under way (`current`), and what the table reports of them. `lock` is the ticker's: methods marked
     "(under the lock)" expect the caller to hold it, the others take it."""
 
-    def __init__(self, numel: int, enabled: bool, lock: threading.Condition,
-                 reader_wake: Optional[threading.Condition] = None):
+    def __init__(self, numel: int, enabled: bool, lock: threading.Condition, reader_wake: threading.Condition):
         # enabled: the frontend can hand a gradient over as backward produces it, and every rank's frontend says so
         self.bounds = chunk_bounds(numel) if enabled else [0, numel]
         self.chunked = len(self.bounds) > 2   # full ticks go in chunks, last parameters first
         self._lock = lock
-        self._reader_wake = reader_wake or lock   # what the tick thread waits on for a chunk (over the same lock)
+        self._reader_wake = reader_wake   # what the tick thread waits on for a chunk (a condition over `lock`)
         self.current: Optional[Stream] = None
         self.lead_ns = -1              # stream begin -> end (moving average): LEAD_NS in the row
         self.fence = None              # the tick thread's last read of a streamed gradient

@@ -142,3 +142,49 @@ def test_bad_observations_are_named():
     r.observe([3, 3], [MS, MS], [MS, MS], [False, False])
     with pytest.raises(ValueError, match="clock went back"):
         r.observe([2, 3], [MS, MS], [MS, MS], [False, False])
+
+
+PROBE_AFTER = 16 * (SETTLE + SAMPLE)          # LockstepRule::kProbeRounds x (settle + sample): pushes in lock-step
+NEAR_MISS_STRAGGLER = [75, 75, 75, 135]       # relaxed at 45 ms a step beyond the compute: gain 1.13, under 1.1875
+
+
+def _near_miss():
+    s = Stream()
+    s.rounds(4, STRAGGLER, LOCKSTEP_STRAGGLER)
+    s.rounds(4, STRAGGLER, NEAR_MISS_STRAGGLER)
+    assert s.rule.lockstep and s.rule.switches == 2, "the relaxed measurement falls short: back to lock-step"
+    assert 1.25 * 0.85 <= s.rule.gain < 1.25 * 0.95, s.rule.gain
+    return s
+
+
+def test_a_near_miss_is_measured_again_and_the_ranks_relax_once_that_measurement_pays():
+    """o_R measured once, inflated (a busy start), and the prediction a little short of the switch: after
+    PROBE_AFTER pushes in lock-step the rule relaxes to measure o_R afresh, and stays relaxed when it pays."""
+    s = _near_miss()
+    assert all(s.rounds(PROBE_AFTER - 1, STRAGGLER, LOCKSTEP_STRAGGLER)) and s.rule.probes == 0
+    assert s.rounds(1, STRAGGLER, LOCKSTEP_STRAGGLER) == [False] and s.rule.probes == 1
+    assert s.rule.overhead_relaxed_ns == -1, "the probe's measurement replaces the near miss"
+    s.rounds(4, STRAGGLER, RELAXED_STRAGGLER)
+    assert s.rule.overhead_relaxed_ns == pytest.approx(10 * MS) and s.rule.gain > 1.25 * 1.05
+    assert not any(s.rounds(200, STRAGGLER, RELAXED_STRAGGLER)), "relaxed for good"
+    assert s.rule.switches == 3 and s.rule.probes == 1
+
+
+def test_a_probe_that_misses_again_waits_twice_as_long_for_the_next():
+    s = _near_miss()
+    s.rounds(PROBE_AFTER, STRAGGLER, LOCKSTEP_STRAGGLER)
+    s.rounds(4, STRAGGLER, NEAR_MISS_STRAGGLER)               # the probe measures the same: back to lock-step
+    assert s.rule.lockstep and s.rule.probes == 1 and s.rule.switches == 4
+    assert all(s.rounds(2 * PROBE_AFTER - 1, STRAGGLER, LOCKSTEP_STRAGGLER)) and s.rule.probes == 1
+    assert s.rounds(1, STRAGGLER, LOCKSTEP_STRAGGLER) == [False] and s.rule.probes == 2
+    entered = s.rule.switch_pushes[2::2]                      # the probes' switches into relaxed, in pushes
+    assert entered[1] - s.rule.switch_pushes[3] == 4 * 2 * PROBE_AFTER
+
+
+def test_a_prediction_below_the_near_miss_band_never_probes():
+    """Equal speeds (gain 35 / 42 = 0.83): relaxing cannot pay, and the rule never tries it again."""
+    s = Stream()
+    s.rounds(4, [30] * 4, [35] * 4)
+    s.rounds(4, [30] * 4, [42] * 4)
+    assert all(s.rounds(20 * PROBE_AFTER, [30] * 4, [35] * 4))
+    assert s.rule.probes == 0 and s.rule.switches == 2

@@ -291,8 +291,6 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("overhead_lockstep_ns", &LockstepRule::overhead_lockstep_ns)
       .def_property_readonly("overhead_relaxed_ns", &LockstepRule::overhead_relaxed_ns)
       .def_property_readonly("switches", &LockstepRule::switches)
-      .def_property_readonly("probes", &LockstepRule::probes,
-                             "Switches into relaxed made to measure a near miss again (counted in switches too).")
       .def_property_readonly("switch_pushes", &LockstepRule::switch_pushes,
                              "Pushes delivered (all ranks) at each switch, in order: even entries into relaxed.")
       .def_property_readonly("lockstep_pushes", &LockstepRule::lockstep_pushes)

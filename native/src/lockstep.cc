@@ -11,7 +11,7 @@ namespace hvd_elastic {
 
 LockstepRule::LockstepRule(int n, double min_gain, int64_t settle, int64_t sample)
     : min_gain_(min_gain), settle_(settle), sample_(sample), clocks_(n, 0), compute_(n, -1.0), last_push_(n, -1),
-      probe_after_(kProbeRounds * (settle + sample)), since_(n, 0), finished_(n, false) {
+      since_(n, 0), finished_(n, false) {
   const char* where = "LockstepRule";
   HVD_REQUIRE(n >= 1 && n <= checks::kMaxWorkers, where,
               "n must be in [1, " + std::to_string(checks::kMaxWorkers) + "], got " + std::to_string(n));
@@ -56,31 +56,21 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
     round_before_ = round;
   }
   if (in_mode < settle_ || measured_ranks() < 2) return lockstep_;
-  if (!explored_ || probing_) {  // one measurement of each mode first (lock-step, then relaxed); a probe's of relaxed
+  if (!explored_) {  // one measurement of each mode first: lock-step, then relaxed
     if (in_mode >= settle_ + sample_ && (lockstep_ ? o_lock_ : o_relax_) >= 0) {
       if (lockstep_)
         switch_to(false);
       else
-        explored_ = true, probing_ = false;
+        explored_ = true;
     }
-    if (!explored_ || probing_) return lockstep_;
+    if (!explored_) return lockstep_;
   }
   gain_ = predicted_gain();
   if (lockstep_ && gain_ >= min_gain_ * (1 + kHysteresis))
     switch_to(false);
   else if (!lockstep_ && gain_ < min_gain_ * (1 - kHysteresis))
     switch_to(true);
-  else if (lockstep_ && gain_ >= min_gain_ * kNearMiss && in_mode >= probe_after_)
-    probe();
   return lockstep_;
-}
-
-void LockstepRule::probe() {
-  o_relax_ = -1;  // measured afresh, as at the start: the probe's samples replace the near miss
-  probing_ = true;
-  probe_after_ *= 2;
-  ++probes_;
-  switch_to(false);
 }
 
 void LockstepRule::switch_to(bool lockstep) {

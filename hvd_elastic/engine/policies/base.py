@@ -210,8 +210,7 @@ class Lockstep:
 
     def counters(self) -> Dict:
         r = self.rule
-        return {"lockstep_switches": r.switches, "lockstep_probes": r.probes,
-                "lockstep_switch_pushes": list(r.switch_pushes),
+        return {"lockstep_switches": r.switches, "lockstep_switch_pushes": list(r.switch_pushes),
                 "lockstep_pushes": r.lockstep_pushes,
                 "lockstep_share": round(r.lockstep_pushes / r.pushes, 3) if r.pushes else 0.0,
                 "lockstep_gain": round(r.gain, 3), "lockstep_overhead_ms": round(r.overhead_lockstep_ns / 1e6, 2),

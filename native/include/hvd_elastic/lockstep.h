@@ -20,15 +20,7 @@
 // for its stale gradients (1.25: a quarter more pushes). The first pushes after a switch still carry the previous
 // mode (a rank's first gap in relaxed mode may end a lock-step wait), so the overheads are sampled once every live
 // rank has pushed `settle` times since the switch. Start: lock-step until o_L is measured (every live rank `settle` +
-// `sample` pushes), then relaxed until o_R is (the same), then the model decides at every observation.
-//
-// A near miss is measured again. o_R comes mostly from the first pushes of a relaxed stretch, and one inflated
-// measurement (a busy network, a tick queue still draining) would keep the ranks in lock-step for the rest of the run
-// where relaxing pays. So while the ranks are in lock-step and the prediction falls short of the switch by a little
-// only (gain >= kNearMiss * min_gain), the rule probes: after `probe_after` pushes of every live rank in lock-step
-// (kProbeRounds * (settle + sample) at first, doubled by every probe, so probes take a shrinking share of the run) it
-// relaxes and measures o_R afresh, as at the start, and the model decides again from that measurement. A prediction
-// below the band never probes: equal speeds, or speeds that change faster than a relaxed rule follows. Every input
+// `sample` pushes), then relaxed until o_R is (the same), then the model decides at every observation. Every input
 // comes from the tick stream, which every rank observes identically in the same order: every rank holds the same
 // state at the same tick, so the ranks switch together.
 #pragma once
@@ -43,8 +35,6 @@ class LockstepRule {
   static constexpr double kHysteresis = 0.05;
   static constexpr double kAlpha = 0.2;          // moving average of a rank's compute time, per push of the rank
   static constexpr double kOverheadAlpha = 0.05;  // moving average of o_L / o_R, per observation past settle
-  static constexpr double kNearMiss = 0.85;       // a prediction this close to min_gain is measured again (a probe)
-  static constexpr int64_t kProbeRounds = 16;     // the first probe after this many (settle + sample) in lock-step
 
   // min_gain > 0; settle, sample >= 1 (pushes of every live rank).
   LockstepRule(int n, double min_gain, int64_t settle, int64_t sample);
@@ -59,7 +49,6 @@ class LockstepRule {
   double overhead_lockstep_ns() const { return o_lock_; }  // o_L; -1 until measured
   double overhead_relaxed_ns() const { return o_relax_; }  // o_R; -1 until measured
   int64_t switches() const { return switches_; }
-  int64_t probes() const { return probes_; }              // switches into relaxed to measure a near miss again
   const std::vector<int64_t>& switch_pushes() const { return switch_pushes_; }  // pushes() at each switch
   int64_t lockstep_pushes() const { return lockstep_pushes_; }  // pushes delivered while in lock-step
   int64_t pushes() const { return pushes_; }
@@ -68,7 +57,6 @@ class LockstepRule {
 
  private:
   void switch_to(bool lockstep);
-  void probe();
   bool complete_round(const std::vector<int64_t>& pushed) const;
   void sample_overhead(const std::vector<double>& gap, const std::vector<int64_t>& pushed,
                        const std::vector<int64_t>& interval_ns, bool lockstep_round);
@@ -83,12 +71,10 @@ class LockstepRule {
   bool round_before_ = false;     // the last observation that delivered pushes was a complete round
   bool lockstep_ = true;
   bool explored_ = false;         // both modes measured once: the model decides
-  bool probing_ = false;          // relaxed to measure o_R again (probe); the model decides once it is measured
-  int64_t probe_after_;           // pushes of every live rank in lock-step before the next probe
   int64_t pushes_since_switch() const;  // the fewest pushes of a live rank since the last switch
   std::vector<int64_t> since_;    // each rank's clock at the last switch
   std::vector<bool> finished_;   // as of the last observation
-  int64_t pushes_ = 0, lockstep_pushes_ = 0, switches_ = 0, probes_ = 0;
+  int64_t pushes_ = 0, lockstep_pushes_ = 0, switches_ = 0;
   std::vector<int64_t> switch_pushes_;
   double o_lock_ = -1, o_relax_ = -1, gain_ = 0;
 };

@@ -287,7 +287,8 @@ PYBIND11_MODULE(_native, m) {
            "Returns lockstep.")
       .def_property_readonly("lockstep", &LockstepRule::lockstep)
       .def_property_readonly("gain", &LockstepRule::gain,
-                             "Predicted pushes per second relaxed / lock-step (0 until both modes are measured).")
+                             "Predicted pushes per second relaxed / lock-step (its ceiling, at o_R = 0, until the relaxed "
+                             "rule is measured; 0 until lock-step is).")
       .def_property_readonly("overhead_lockstep_ns", &LockstepRule::overhead_lockstep_ns)
       .def_property_readonly("overhead_relaxed_ns", &LockstepRule::overhead_relaxed_ns)
       .def_property_readonly("switches", &LockstepRule::switches)

@@ -56,16 +56,16 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
     round_before_ = round;
   }
   if (in_mode < settle_ || measured_ranks() < 2) return lockstep_;
-  if (!explored_) {  // one measurement of each mode first: lock-step, then relaxed
+  if (!explored_) {  // one measurement of each mode first: lock-step, then relaxed where relaxing can pay
     if (in_mode >= settle_ + sample_ && (lockstep_ ? o_lock_ : o_relax_) >= 0) {
-      if (lockstep_)
-        switch_to(false);
-      else
+      if (!lockstep_)
         explored_ = true;
+      else if ((gain_ = gain_at(0)) >= min_gain_ * (1 + kHysteresis))
+        switch_to(false);
     }
     if (!explored_) return lockstep_;
   }
-  gain_ = predicted_gain();
+  gain_ = gain_at(o_relax_);
   if (lockstep_ && gain_ >= min_gain_ * (1 + kHysteresis))
     switch_to(false);
   else if (!lockstep_ && gain_ < min_gain_ * (1 - kHysteresis))
@@ -132,12 +132,14 @@ int LockstepRule::measured_ranks() const {
   return k;
 }
 
-double LockstepRule::predicted_gain() const {
+// The model's gain with the relaxed rule costing o_relax per step beyond a rank's compute. gain_at(0) is its ceiling:
+// no measurement of o_R can predict more, so below the switch relaxed is not worth measuring.
+double LockstepRule::gain_at(double o_relax) const {
   double relaxed = 0, max_c = 0;
   int k = 0;
   for (size_t q = 0; q < compute_.size(); ++q) {
     if (finished_[q] || compute_[q] <= 0) continue;
-    relaxed += 1.0 / (compute_[q] + o_relax_);
+    relaxed += 1.0 / (compute_[q] + o_relax);
     max_c = std::max(max_c, compute_[q]);
     ++k;
   }

@@ -54,25 +54,33 @@ def test_starts_in_lockstep_and_measures_each_mode_once_before_the_model_decides
     assert s.rule.lockstep_pushes == 16 and s.rule.pushes == 32
 
 
+def test_equal_speeds_never_measure_relaxed_where_even_a_free_relaxed_rule_cannot_pay():
+    s = Stream()
+    # lock-step: 5 ms a round beyond the compute; relaxed at no cost at all would deliver 35 / 30 = 1.17x the pushes
+    assert all(s.rounds(40, [30] * 4, [35] * 4))
+    assert s.rule.switches == 0 and s.rule.overhead_relaxed_ns == -1 and s.rule.lockstep_pushes == 160
+    assert s.rule.gain == pytest.approx(35 / 30, rel=1e-6)   # the ceiling (o_R = 0), below 1.25 x 1.05
+
+
 def test_equal_speeds_go_back_to_lockstep_when_relaxing_costs_more_than_it_saves():
     s = Stream()
-    s.rounds(4, [30] * 4, [35] * 4)                       # lock-step: 5 ms a round beyond the compute
-    s.rounds(4, [30] * 4, [42] * 4)                       # relaxed: 12 ms a step
-    assert s.rule.lockstep and s.rule.switch_pushes == [16, 32]   # gain 35 / 42 < 1.25
-    assert s.rule.gain == pytest.approx(35 / 42, rel=1e-6)
-    assert all(s.rounds(20, [30] * 4, [35] * 4))          # and stays there while speeds stay equal
+    s.rounds(4, [30] * 4, [50] * 4)                       # lock-step: 20 ms a round; ceiling 50 / 30: measure relaxed
+    assert not s.rule.lockstep and s.rule.switch_pushes == [16]
+    s.rounds(4, [30] * 4, [45] * 4)                       # relaxed: 15 ms a step
+    assert s.rule.lockstep and s.rule.switch_pushes == [16, 32]   # gain 50 / 45 < 1.25 x 0.95
+    assert s.rule.gain == pytest.approx(50 / 45, rel=1e-6)
+    assert all(s.rounds(20, [30] * 4, [50] * 4))          # and stays there while speeds stay equal
 
 
-def test_speeds_that_spread_out_later_make_the_ranks_relax_again():
+def test_speeds_that_spread_out_later_make_the_ranks_measure_relaxed_and_relax():
     s = Stream()
-    s.rounds(4, [30] * 4, [35] * 4)
-    s.rounds(4, [30] * 4, [42] * 4)
-    assert s.rule.lockstep
-    # rank 3 slows to 3x: the compute times move (a moving average, 0.2 per push); each round's periods are the
-    # current mode's
+    assert all(s.rounds(8, [30] * 4, [35] * 4))           # equal speeds: lock-step, relaxed not worth measuring
+    # rank 3 slows to 3x: the compute times move (a moving average, 0.2 per push) until the ceiling passes the
+    # switch; relaxed is measured, and the gain (2.0) keeps the ranks there. Each round's periods are the current mode's
     for _ in range(40):
         s.rounds(1, STRAGGLER, LOCKSTEP_STRAGGLER if s.rule.lockstep else RELAXED_STRAGGLER)
-    assert not s.rule.lockstep and s.rule.switches == 3 and s.rule.gain > 1.25 * 1.05
+    assert not s.rule.lockstep and s.rule.switches == 1 and s.rule.gain > 1.25 * 1.05
+    assert s.rule.overhead_relaxed_ns == pytest.approx(10 * MS)
 
 
 def test_a_wait_for_a_rank_catching_up_after_a_switch_is_not_counted_as_lockstep_cost():
@@ -111,7 +119,7 @@ def test_hysteresis_keeps_the_mode_near_the_threshold():
 
 def test_two_rules_fed_the_same_stream_agree_at_every_tick():
     a, b = Stream(), Stream()
-    schedule = [([30] * 4, [35] * 4)] * 5 + [([30] * 4, [44] * 4)] * 5 + [(STRAGGLER, LOCKSTEP_STRAGGLER)] * 10
+    schedule = [([30] * 4, [50] * 4)] * 5 + [([30] * 4, [44] * 4)] * 5 + [(STRAGGLER, LOCKSTEP_STRAGGLER)] * 10
     for compute, period in schedule:
         assert a.rounds(1, compute, period) == b.rounds(1, compute, period)
     assert a.rule.switches == b.rule.switches and a.rule.gain == b.rule.gain

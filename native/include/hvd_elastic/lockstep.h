@@ -20,7 +20,9 @@
 // for its stale gradients (1.25: a quarter more pushes). The first pushes after a switch still carry the previous
 // mode (a rank's first gap in relaxed mode may end a lock-step wait), so the overheads are sampled once every live
 // rank has pushed `settle` times since the switch. Start: lock-step until o_L is measured (every live rank `settle` +
-// `sample` pushes), then relaxed until o_R is (the same), then the model decides at every observation. Every input
+// `sample` pushes), then relaxed until o_R is (the same), then the model decides at every observation. Relaxed is
+// measured only once its gain can reach the switch: while even o_R = 0 (the ceiling) predicts less, as with equal
+// speeds, the ranks stay in lock-step and the ceiling is checked at every observation instead. Every input
 // comes from the tick stream, which every rank observes identically in the same order: every rank holds the same
 // state at the same tick, so the ranks switch together.
 #pragma once
@@ -45,7 +47,7 @@ class LockstepRule {
                const std::vector<int64_t>& last_push_ns, const std::vector<bool>& finished);
 
   bool lockstep() const { return lockstep_; }
-  double gain() const { return gain_; }                  // the latest prediction; 0 until both overheads are measured
+  double gain() const { return gain_; }  // the latest prediction (its ceiling until o_R is measured); 0 until o_L is
   double overhead_lockstep_ns() const { return o_lock_; }  // o_L; -1 until measured
   double overhead_relaxed_ns() const { return o_relax_; }  // o_R; -1 until measured
   int64_t switches() const { return switches_; }
@@ -61,7 +63,7 @@ class LockstepRule {
   void sample_overhead(const std::vector<double>& gap, const std::vector<int64_t>& pushed,
                        const std::vector<int64_t>& interval_ns, bool lockstep_round);
   int measured_ranks() const;
-  double predicted_gain() const;
+  double gain_at(double o_relax) const;  // the model's gain at that o_R (0: its ceiling)
 
   double min_gain_;
   int64_t settle_, sample_;

@@ -57,15 +57,11 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
   }
   if (in_mode < settle_ || measured_ranks() < 2) return lockstep_;
   if (!explored_) {  // one measurement of each mode first: lock-step, then relaxed where relaxing can pay
-    if (in_mode >= settle_ + sample_ && (lockstep_ ? o_lock_ : o_relax_) >= 0) {
-      if (!lockstep_)
-        explored_ = true;
-      else if ((gain_ = gain_at(0)) >= min_gain_ * (1 + kHysteresis))
-        switch_to(false);
-    }
-    if (!explored_) return lockstep_;
+    if (in_mode < settle_ + sample_ || (lockstep_ ? o_lock_ : o_relax_) < 0) return lockstep_;
+    explored_ = !lockstep_;
   }
-  gain_ = gain_at(o_relax_);
+  // Until relaxed is measured, the gain's ceiling decides whether measuring it can pay.
+  gain_ = gain_at(explored_ ? o_relax_ : 0);
   if (lockstep_ && gain_ >= min_gain_ * (1 + kHysteresis))
     switch_to(false);
   else if (!lockstep_ && gain_ < min_gain_ * (1 - kHysteresis))

@@ -127,11 +127,12 @@ class _Rank:
         self.w[:] = w
 
     def train(self, delays: Sequence[float], stop: threading.Event, target: Optional[int] = None,
-              call: Optional[threading.Barrier] = None, call_every: int = 0):
+              call: Optional[threading.Barrier] = None, call_every: int = 0, call_exit_s: float = 0.0):
         """One step per entry of `delays`; with a target, `delays` repeats until the global steps this rank knows of
         (its own and the others' delivered clocks, SyncEngine.global_steps) reach it. With `call_every`, after every
         call_every-th step the rank meets every other rank in a collective of the script's own (`call`, a barrier
-        of all ranks), marked as such to the engine as hvd_elastic/torch/collectives.py marks Horovod's."""
+        of all ranks), marked as such to the engine as hvd_elastic/torch/collectives.py marks Horovod's; the call
+        returns `call_exit_s` after the ranks meet (a rank whose collective completes later than the others')."""
         for d in (itertools.cycle(delays) if target is not None else delays):
             if stop.is_set():
                 return
@@ -149,19 +150,23 @@ class _Rank:
             if call_every and self.steps % call_every == 0:
                 self.engine.waiting_outside(True)
                 call.wait()          # threading.BrokenBarrierError after its timeout: the ranks never met
+                if call_exit_s > 0:
+                    time.sleep(call_exit_s)
                 self.engine.waiting_outside(False)
         self.engine.finish()
         self.telemetry.stop()
 
 
 def run_job(policy: str, schedule: Sequence[Sequence[float]], w0: Optional[np.ndarray] = None,
-            timeout_s: float = 60.0, target: Optional[int] = None, call_every: int = 0, **knobs) -> Run:
+            timeout_s: float = 60.0, target: Optional[int] = None, call_every: int = 0,
+            call_exit_s: Sequence[float] = (), **knobs) -> Run:
     """Train every rank through `schedule` (schedule[r][k]: rank r's compute time at its step k, seconds) under
     `policy` with the given knobs (Config names), and finish. With `target`, each rank's schedule repeats until the
     job has taken `target` steps as far as that rank knows, so every rank trains for about the same time and fast
     ranks take more steps (a global budget, as the workers' --target). With `call_every`, every rank meets the others
     in a collective of the script's own after each call_every-th of its steps (with a schedule, not a target: every
-    rank makes the same calls). Raises the first error any rank raised."""
+    rank makes the same calls); call_exit_s[r]: how much later than the meeting rank r's call returns. Raises the first
+    error any rank raised."""
     n = len(schedule)
     cfg = Config.from_env({}, policy=policy, keep_heap=False, **knobs)
     reduce = InMemoryAllreduce(n, timeout_s=timeout_s / 2)
@@ -173,7 +178,7 @@ def run_job(policy: str, schedule: Sequence[Sequence[float]], w0: Optional[np.nd
 
     def body(r):
         try:
-            ranks[r].train(schedule[r], stop, target, call, call_every)
+            ranks[r].train(schedule[r], stop, target, call, call_every, call_exit_s[r] if call_exit_s else 0.0)
         except BaseException as e:   # surfaced below
             errors.append(e)
             stop.set()

@@ -38,6 +38,20 @@ def test_in_lockstep_every_gradient_policy_is_bsp(lockstep_throughout, policy, k
     assert all(c["nonempty_ticks"] == STEPS and c["staleness_max"] == 0 for c in run.counters), run.counters
 
 
+@pytest.mark.parametrize("policy,knobs", [("asp", {}), ("zipline", {"lookahead": 4})], ids=["asp", "zipline"])
+def test_in_lockstep_a_collective_of_the_scripts_own_splits_no_round(lockstep_throughout, policy, knobs):
+    """Every 5 steps the ranks meet in a collective of the script's own, and rank 0's call returns 15 ms after the
+    others' (its thread joins ticks at once meanwhile, without a push). The others' first pushes after it must not
+    go into a tick without rank 0's: every round in one tick, BSP's weights, no gradient one update stale."""
+    steps = 20
+    sched = [[0.01] * steps] * 4
+    run = run_job(policy, sched, call_every=5, call_exit_s=[0.015, 0, 0, 0], **knobs)
+    ref = bsp_reference(4, steps, np.zeros_like(run.weights()[0]))
+    for w in run.weights():
+        np.testing.assert_allclose(w, ref, rtol=0, atol=1e-12)
+    assert all(c["nonempty_ticks"] == steps and c["staleness_max"] == 0 for c in run.counters), run.counters
+
+
 def _same_on_every_rank(counters):
     keys = ("lockstep_switches", "lockstep_pushes", "lockstep_gain")
     assert len({tuple(c[k] for k in keys) + tuple(c["lockstep_switch_pushes"]) for c in counters}) == 1, counters

@@ -60,7 +60,7 @@ from .pacing import make_pacing
 from .pool import BufferPool
 from .row import OwnRow
 from .stream import Streams
-from .table import HOLD_FRACTION, Tick
+from .table import HOLD_FRACTION, OUTSIDE, Tick
 from .wire import Wire
 
 __all__ = ["Ticker", "TickerError"]
@@ -95,6 +95,8 @@ class Ticker:
         self.streams = Streams(numel, stream, self._lock, self.handoff.thread_wake)
         self.pacing = make_pacing(pacing, numel, self.streams.chunked, tick_s, max_idle_s, hold_fraction,
                                   join_stragglers, lockstep)
+        self._was_outside = False      # the training thread waited in a collective of the script's own since its
+        self._left_outside_at = 0      # last push, and left it before the tick of this index (_meet_after_outside)
         self._loop = TickLoop(self)
         self._loop.thread.start()
 
@@ -107,6 +109,7 @@ class Ticker:
         h = self.handoff
         with self._lock:
             self._check_open("push()")
+            self._meet_after_outside(interval_ns)
             self._add_into_pending(accumulate)
             now_ns = self.row.now_ns()
             self.row.add_pending(now_ns)
@@ -130,6 +133,43 @@ class Ticker:
         accumulate(self.buffers.head(buf, self.numel))
         self.pool.handed(buf)
 
+    MEET_STEPS, MEET_MIN_S = 4, 0.05   # _meet_after_outside gives up after this many own steps (at least MEET_MIN_S)
+
+    def _meet_after_outside(self, interval_ns: int):
+        """(Under the lock.) In lock-step, the first push after a collective of the script's own waits, held (GATED),
+        for the first tick completed after this rank left it whose table shows no rank inside; every rank's push then
+        goes into the tick after that one.
+
+        While a rank waits in such a collective its thread joins every tick at once, without a push (the ranks that
+        need a tick to reach the same call must not wait for it). The ranks leave it at slightly different moments:
+        the thread of a rank that left before a tick completed waits for its push, while that of a rank still inside
+        then joins the next tick at once -- so the next tick would carry the first rank's push and not the others',
+        which come a tick later, and the round would be summed in two ticks (another order than BSP's one
+        allreduce). Held, every rank lines up on the same tick: a tick completes only once every thread has joined
+        it, a thread joins at once only while its rank is held or inside, and every rank sees the same first tick
+        without anyone inside. A script whose ranks call their collectives after different numbers of steps (which
+        Horovod's own allreduce would not survive) may keep a rank inside for good: the wait then ends after
+        MEET_STEPS of this rank's steps and the push goes on alone. The held ticks stay for the engine to take."""
+        if not self._was_outside:
+            return
+        self._was_outside = False
+        h, row = self.handoff, self.row
+        if not self.pacing.in_lockstep:
+            return
+        deadline = time.monotonic() + max(self.MEET_STEPS * interval_ns / 1e9, self.MEET_MIN_S)
+        try:
+            while not any(t.index >= self._left_outside_at and not t.meta[:, OUTSIDE].any() for t in h.completed):
+                h.check()
+                left = deadline - time.monotonic()
+                if left <= 0 or h.stopped:
+                    break
+                # held, having seen every completed tick: the thread may join at once (OwnRow.gated_at)
+                row.gated, row.gated_at = True, h.delivered
+                h.decide_again()
+                self._lock.wait(left)
+        finally:
+            row.gated = False
+
     def _count_push(self, now_ns: int, interval_ns: int, wake: bool = True) -> int:
         """(Under the lock.) A push of this rank is complete: its clock, timing, and (wake) a wake-up of the tick
         thread -- not for a push the training thread sends itself (run_inline)."""
@@ -148,6 +188,7 @@ class Ticker:
             self._check_open("stream_begin()")
             if not self.streams.may_begin(self.row.period_ns, self.handoff.last_meta):
                 return False
+            self._meet_after_outside(self.row.interval_ns)
             self.streams.begin(accumulate, self.row.now_ns())
             self.handoff.wake_thread()
             return True
@@ -315,6 +356,10 @@ class Ticker:
     def outside(self, value: bool):
         with self._lock:
             self.row.outside = value
+            if value:
+                self._was_outside = True
+            else:   # the ticks from this index on complete after the training thread has left the collective
+                self._left_outside_at = self.handoff.delivered
             self.handoff.wake_thread()
 
     def counters(self) -> dict:

@@ -31,24 +31,31 @@ POLICIES = {"horovod": None, "bsp": {"HVD_ELASTIC_POLICY": "bsp"}, "lbbsp": {"HV
             "dssp": {"HVD_ELASTIC_POLICY": "dssp"}, "zipline": {"HVD_ELASTIC_POLICY": "zipline"},
             "wbsp-overlap": {"HVD_ELASTIC_POLICY": "wbsp", "HVD_ELASTIC_WBSP_OVERLAP": "1"},
             # variants (not in the default set): one own push in flight (the tick overlaps the next step's
-            # compute), tick interval 5 ms, push at step(), the allocator left alone
+            # compute), tick interval 5 ms, push at step(), the allocator left alone, probe pacing
             "asp-inflight1": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_MAX_INFLIGHT": "1"},
             "asp-tick5": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_TICK_MS": "5"},
             "asp-pushatstep": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_PUSH_AT_BACKWARD": "0"},
-            "asp-noheap": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_KEEP_HEAP": "0"}}
+            "asp-noheap": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_KEEP_HEAP": "0"},
+            # probe pacing throughout (with --fallback: lock-step through probes and releases, not joined ticks)
+            "asp-probe": {"HVD_ELASTIC_POLICY": "asp", "HVD_ELASTIC_TICK_PACING": "probe"},
+            "zipline-probe": {"HVD_ELASTIC_POLICY": "zipline", "HVD_ELASTIC_TICK_PACING": "probe"}}
 DEFAULT_POLICIES = "horovod,bsp,lbbsp,asp,ssp,dssp,zipline,wbsp-overlap"
 
 
-def run_cell(policy, params_m, ranks, steps, timeout, device="cpu", launcher="mpirun", delay="", hosts=None):
+def run_cell(policy, params_m, ranks, steps, timeout, device="cpu", launcher="mpirun", delay="", hosts=None,
+             fallback=False, warmup=3):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HVD_ELASTIC_")}
     env.update({"PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""), "HOROVOD_LOG_LEVEL": "warning",
                 "OMPI_MCA_rmaps_base_oversubscribe": "1", "HVD_ELASTIC_REPORT": "0"})
     env.update(POLICIES[policy] or {})
-    if env.get("HVD_ELASTIC_POLICY") in GRADIENT:   # each policy's own machinery: runs this short would otherwise
-        env["HVD_ELASTIC_RELAX_MIN_GAIN"] = "0"     # be the lock-step fallback's first measurement throughout
+    if env.get("HVD_ELASTIC_POLICY") in GRADIENT and not fallback:
+        # each policy's own machinery: runs this short would otherwise be the lock-step fallback's first
+        # measurement throughout (at equal speeds: lock-step, which --fallback measures)
+        env["HVD_ELASTIC_RELAX_MIN_GAIN"] = "0"
     if policy == "lbbsp":   # the global batch it re-divides: the same samples per step as every other policy
         env["HVD_ELASTIC_GLOBAL_BATCH"] = str(BATCH * ranks)
-    program = [sys.executable, WORKER, "--params", str(params_m), "--steps", str(steps), "--batch", str(BATCH),
+    program = [sys.executable, WORKER, "--params", str(params_m), "--steps", str(steps), "--warmup", str(warmup),
+               "--batch", str(BATCH),
                "--impl", "horovod" if policy == "horovod" else "hvd_elastic", "--device", device]
     if delay:
         program += ["--delay", delay]
@@ -89,6 +96,11 @@ def main():
     ap.add_argument("--slowdown", type=float, default=1.0, help="rank 1's compute this many times as long")
     ap.add_argument("--hosts", type=lambda v: [h for h in v.split(",") if h], default=None,
                     help="one rank per host of this comma list (a cluster of ci/cluster.sh) instead of localhost")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps before the timed ones (with --fallback, "
+                    "enough for the fallback's first measurements, about 40, times its steady state)")
+    ap.add_argument("--fallback", action="store_true",
+                    help="asp, ssp, dssp, zipline with their default lock-step fallback (HVD_ELASTIC_RELAX_MIN_GAIN "
+                         "unset) instead of their own rules")
     args = ap.parse_args()
     policies = [p for p in args.policies.split(",") if p]
     unknown = [p for p in policies if p not in POLICIES]
@@ -102,14 +114,14 @@ def main():
             for k in range(args.repeats):
                 for p in policies:
                     cell = run_cell(p, params_m, ranks, args.steps, args.timeout, args.device, args.launcher, delay,
-                                    args.hosts)
+                                    args.hosts, args.fallback, args.warmup)
                     rounds[p].append(cell)
                     if p == "horovod" and args.slowdown > 1 and not delay and "error" not in cell:
                         # the homogeneous Horovod step sets the straggler's extra; this round's reference re-runs
                         delay = f"1:{(args.slowdown - 1) * cell['step_s']:.4f}"
                         print(f"[scale] rank 1 sleeps {delay.split(':')[1]} s a step (slowdown {args.slowdown:g})")
                         cell = run_cell(p, params_m, ranks, args.steps, args.timeout, args.device, args.launcher,
-                                        delay, args.hosts)
+                                        delay, args.hosts, args.fallback, args.warmup)
                         rounds[p][-1] = cell
                     print(f"[scale] {params_m}M x{ranks} round {k + 1}/{args.repeats} {p}: "
                           + (cell["error"] if "error" in cell else
@@ -135,7 +147,7 @@ def main():
                 t, rss, b = med("step_s", ok[p]), med("peak_rss_mb", ok[p]), med("bytes_per_step", ok[p])
                 thru, gpu = med("samples_per_s", ok[p]), med("peak_gpu_mb", ok[p])
                 row = {"params_m": params_m, "ranks": ranks, "policy": p, "device": args.device,
-                       "slowdown": args.slowdown, "step_s": t, "peak_rss_mb": rss, "peak_gpu_mb": gpu,
+                       "slowdown": args.slowdown, "fallback": args.fallback, "warmup": args.warmup, "step_s": t, "peak_rss_mb": rss, "peak_gpu_mb": gpu,
                        "samples_per_s": thru, "bytes_per_step": b, "rounds": rounds[p]}
                 if ref:
                     t0, r0, b0 = med("step_s", ref), med("peak_rss_mb", ref), med("bytes_per_step", ref)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from harness import bsp_reference, run_job
+from hvd_elastic.engine import pacing
 from hvd_elastic.engine.policies.base import Lockstep
 from hvd_elastic.engine.table import LOCKSTEP_RECHECK_S
 from test_engine import SCHEDULES
@@ -50,6 +51,25 @@ def test_in_lockstep_a_collective_of_the_scripts_own_splits_no_round(lockstep_th
     for w in run.weights():
         np.testing.assert_allclose(w, ref, rtol=0, atol=1e-12)
     assert all(c["nonempty_ticks"] == steps and c["staleness_max"] == 0 for c in run.counters), run.counters
+
+
+@pytest.mark.parametrize("call_every", [0, 5], ids=["steps only", "a collective of the script's own every 5"])
+def test_in_lockstep_a_large_payload_takes_one_collective_a_round(lockstep_throughout, monkeypatch, call_every):
+    """A payload of SMALL_WORDS or more (the harness's, with the threshold lowered to one word) is probe-paced outside
+    lock-step and joined in lock-step: each round a probe its pushes join and the full tick that carries them, both
+    run by the training thread, BSP's weights. The payload never moves empty: not at the end, not while every rank
+    waits in a collective of the script's own (its thread joins every tick at once then)."""
+    monkeypatch.setattr(pacing, "SMALL_WORDS", 1)
+    steps = 20
+    run = run_job("asp", [[0.01] * steps] * 4, call_every=call_every)
+    ref = bsp_reference(4, steps, np.zeros_like(run.weights()[0]))
+    for w in run.weights():
+        np.testing.assert_allclose(w, ref, rtol=0, atol=1e-12)
+    for c in run.counters:
+        assert c["nonempty_ticks"] == steps and c["staleness_max"] == 0, c
+        assert c["payload_collectives"] == steps and c["inline_ticks"] >= 2 * (steps - 2), c
+        if not call_every:
+            assert c["ticks"] <= 2 * steps + 3, c
 
 
 def _same_on_every_rank(counters):

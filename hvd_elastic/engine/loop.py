@@ -138,11 +138,12 @@ class TickLoop:
 
     def _await_join(self, deadline: float):
         """Until this rank should join the next tick (the pacing's join_wait_s, decided again whenever the training
-        thread changes what it will do next: a push or a finish joins at once, a gate decides again); without a
-        prediction until `deadline` (monotonic; tick_s pacing)."""
+        thread changes what it will do next: a push, a stream announced (a large payload's, in lock-step) or a finish
+        joins at once, a gate decides again); without a prediction until `deadline` (monotonic; tick_s pacing)."""
         h = self.handoff
         with self._lock:
-            while not (h.wake or self.row.finished or self.row.pending_count or h.stopped):
+            while not (h.wake or self.row.finished or self.row.pending_count or h.stopped
+                       or self.streams.announced() is not None):
                 meta = h.last_meta
                 wait = None
                 if meta is not None:
@@ -179,8 +180,12 @@ class TickLoop:
             h.ticking = True
         try:
             with self.buffers.collective_scope():
-                self.tick(True)
-            self.inline_ticks += 1
+                for _ in range(2):   # a large payload's probe first (AutoPacing.full), then the push's full tick
+                    self.tick(True)
+                    self.inline_ticks += 1
+                    with self._lock:
+                        if not self.row.pending_count or h.stopped or not self.pacing.joined:
+                            break
         except BaseException as e:   # as on the tick thread: every later call raises it
             with self._lock:
                 h.error = e
@@ -196,13 +201,13 @@ class TickLoop:
 
     # ---- one tick --------------------------------------------------------------------------------------------
     def tick(self, join: bool) -> bool:
-        """One tick (the caller holds the token): full when joined or when the pacing says, else a probe. True when
-        it was the last."""
+        """One tick (the caller holds the token): full when the pacing says, else a probe. True when it was the
+        last."""
         index = self.index
         with self._lock:
             self.handoff.wake = False
         self.last = time.monotonic()
-        full = join or self.pacing.full()
+        full = self.pacing.full()
         if full:
             self.pool.ensure_pending()
         send, member, count, clock = self._take(index, full)

@@ -6,7 +6,7 @@ probe (full()), are ticks joined now (joined), and until when the thread waits b
 for joined ticks, join_wait_s()). Every field is a function of the sequence of tables, which every rank holds
 identically, so every rank issues the same collectives in the same order.
 
-Probe pacing (probe; the only pacing for payloads of SMALL_WORDS and more): a tick is normally a probe, the table
+Probe pacing (probe; for payloads of SMALL_WORDS and more, the pacing outside lock-step): a tick is normally a probe, the table
 alone (a few hundred words), which delivers nothing and tells every rank what each rank has pending. When the table
 shows pending pushes, every rank decides to release them (table.release): the next tick is full, payload and table
 in one allreduce, issued at once. The release holds (at most the peer wait, HOLD_FRACTION of the pushers' step
@@ -27,7 +27,7 @@ Horovod collective costs milliseconds, and a probe costs as much as a small payl
 moves the small payload; such ticks are rare (a rank overdue, all ranks held). The joins need not agree across
 ranks: every tick has the same shape.
 
-Auto pacing (auto, the default; payloads under SMALL_WORDS): probe pacing until a table shows every live rank's
+Auto pacing (auto, the default): probe pacing until a table shows every live rank's
 push period and last push (predictable) and nothing pending, join pacing from then on -- for a policy that does not
 join stragglers (zipline: joins_stragglers = False) only while every rank is a peer of every other (still_peers),
 probes otherwise. Under a straggler, its push joins a tick of the fast group's (due first, it waits for its push
@@ -39,7 +39,14 @@ once a round, and the round's one tick carries every push, as BSP's allreduce do
 every other, the join window widens (AUTO_JOIN_HOLD x the release hold: one period), so that a round whose pushes
 all come late (a slow tick delays every rank's next step alike) still lands in one tick, and groups the peers by
 AUTO_EXIT_SPEED (a rank's latest step time is noisy: at PEER_SPEED a peer left out of the group joins early and its
-push misses the tick). Measurements: docs/benchmarks.md.
+push misses the tick). Payloads of SMALL_WORDS and more are joined in lock-step only (probe pacing otherwise, where
+an empty joined tick would move the whole payload for nothing), and there a tick is full only after a table that
+announced pushes (pending, or a stream begun), a probe otherwise (AutoPacing.full): each round is a joined probe
+that the ranks' pushes (or streams) join, then the full tick that carries them, both run by the training thread
+where it waits for its own push (run_inline). Two collectives a round, the first of a few hundred words, and a
+payload never moves empty: not after the last round, not while the ranks wait in a collective of the script's own
+(their threads join every tick at once then), whatever a script calls between its steps. Measurements:
+docs/benchmarks.md.
 
 All modes share the tick_s back-off (Backoff): the thread looks at most every tick_s, doubling up to max_idle_s
 while ticks come back empty; probe pacing sleeps instead until shortly before the next event the table predicts
@@ -157,11 +164,14 @@ class AutoPacing:
 
     may_join = True
 
-    def __init__(self, numel: int, backoff: Backoff, hold_fraction: float, join_stragglers: bool, lockstep=None):
+    def __init__(self, numel: int, backoff: Backoff, hold_fraction: float, join_stragglers: bool, lockstep=None,
+                 large: bool = False):
         self.probe_pacing = ProbePacing(numel, backoff, hold_fraction)
         self.join_pacing = JoinPacing(backoff, hold_fraction)
         self.join_stragglers = join_stragglers
         self.lockstep = lockstep   # the policy's lock-step rule (a copy fed the same tables), or None
+        self.large = large    # a payload of SMALL_WORDS or more: joined in lock-step only, full after a probe only
+        self.announced = False   # the last table announced pushes (pending, or a stream begun)
         self.joined = False   # from the first predictable table with nothing pending, or the first in lock-step
 
     @property
@@ -169,6 +179,8 @@ class AutoPacing:
         return self.join_pacing if self.joined else self.probe_pacing
 
     def full(self) -> bool:
+        if self.joined and self.large:
+            return self.announced
         return self._current.full()
 
     def deadline(self, last: float) -> float:
@@ -191,8 +203,11 @@ class AutoPacing:
             observe_lockstep(self.lockstep, meta)
         # In lock-step every rank pushes once a round, as under BSP: joined at once (the lock-step join needs no
         # prediction, nor the peers' window), one collective per round, for any policy
+        self.announced = not nothing_pending(meta)
         if self.in_lockstep:
             self.joined = True
+        elif self.large:
+            self.joined = False
         elif self.join_stragglers:
             # joined from the first predictable table with nothing pending (or in lock-step), and for good
             peers.wide = still_peers(meta, peers.wide)
@@ -204,14 +219,15 @@ class AutoPacing:
 
 def make_pacing(mode: str, numel: int, streamed: bool, tick_s: float, max_idle_s: float, hold_fraction: float,
                 join_stragglers: bool = True, lockstep=None):
-    """The pacing object of HVD_ELASTIC_TICK_PACING `mode`: join and auto for small payloads only (under
-    SMALL_WORDS, not streamed), probe pacing otherwise."""
+    """The pacing object of HVD_ELASTIC_TICK_PACING `mode`: join for small payloads only (under SMALL_WORDS, not
+    streamed), auto for small payloads and, with a lock-step rule, for large ones (joined in lock-step only), probe
+    pacing otherwise."""
     if mode not in TICK_PACINGS:
         raise ValueError(f"unknown tick pacing {mode!r}; accepted: {'|'.join(TICK_PACINGS)}")
     backoff = Backoff(tick_s, max_idle_s)
     small = numel < SMALL_WORDS and not streamed
     if small and mode == "join":
         return JoinPacing(backoff, hold_fraction)
-    if small and mode == "auto":
-        return AutoPacing(numel, backoff, hold_fraction, join_stragglers, lockstep)
+    if mode == "auto" and (small or lockstep is not None):
+        return AutoPacing(numel, backoff, hold_fraction, join_stragglers, lockstep, large=not small)
     return ProbePacing(numel, backoff, hold_fraction)

@@ -208,10 +208,12 @@ class Ticker:
             if st is None:
                 raise TickerError("stream_end() without stream_begin()")
             now_ns = self.row.now_ns()
-            if self.streams.end(st, now_ns):      # no tick took it: an ordinary push
+            untaken = self.streams.end(st, now_ns)
+            if untaken:      # no tick took it: an ordinary push
                 self._add_into_pending(lambda dst: st.accumulate(dst, 0, self.numel))
                 self.row.add_pending(st.since_ns)
-            return self._count_push(now_ns, interval_ns)
+            # a taken stream needs no tick of its own: a joined thread woken now would join the next tick at once
+            return self._count_push(now_ns, interval_ns, wake=untaken or not self.pacing.joined)
 
     def stream_wait(self):
         """Block until the tick thread no longer reads this rank's gradients (after stream_end)."""

@@ -167,12 +167,14 @@ KNOBS = (
     Knob("tick_ms", 1.0, _float(0.0, exclusive=True), "number > 0",
          "Minimum interval between two partial-allreduce ticks, in milliseconds.", _RELAXED),
     Knob("tick_pacing", "auto", _choice(TICK_PACINGS), "|".join(TICK_PACINGS),
-         "How ticks are paced for models under 256K parameters: probe, join, or auto (chosen per policy).", _RELAXED,
+         "How ticks are paced: probe, join (models under 256K parameters), or auto (chosen per policy; "
+         "larger models' ticks are joined in lock-step only).", _RELAXED,
          doc="probe: a metadata-only probe shows who has pushed, then a full tick carries the pushes; join: every "
              "tick is full and each rank's tick thread joins it when its own push or its peers' predicted pushes are "
              "due -- one collective per round of pushes; auto (default): join for asp, ssp and dssp once every "
              "rank's push period is measured (probe before), for zipline only while every rank's step time is within "
-             "1.25x of every other's (until one is 1.5x slower), probe for wbsp (docs/design.md, "
+             "1.25x of every other's (until one is 1.5x slower), probe for wbsp; for models of 256K parameters and "
+             "more, probe except in lock-step, where each round is a joined probe and full tick (docs/design.md, "
              "docs/benchmarks.md)."),
     Knob("max_inflight", 0, _int_or_auto(0), "integer >= 0|auto",
          "Own pushes a rank may have in flight when it starts a step; auto: the fewest that hide their ticks.",

@@ -167,8 +167,7 @@ KNOBS = (
     Knob("tick_ms", 1.0, _float(0.0, exclusive=True), "number > 0",
          "Minimum interval between two partial-allreduce ticks, in milliseconds.", _RELAXED),
     Knob("tick_pacing", "auto", _choice(TICK_PACINGS), "|".join(TICK_PACINGS),
-         "How ticks are paced: probe, join (models under 256K parameters), or auto (chosen per policy; "
-         "larger models' ticks are joined in lock-step only).", _RELAXED,
+         "How ticks are paced: probe, join (models under 256K parameters), or auto (chosen per policy).", _RELAXED,
          doc="probe: a metadata-only probe shows who has pushed, then a full tick carries the pushes; join: every "
              "tick is full and each rank's tick thread joins it when its own push or its peers' predicted pushes are "
              "due -- one collective per round of pushes; auto (default): join for asp, ssp and dssp once every "

@@ -45,6 +45,25 @@ def straggler_runs(request, tmp_path_factory):
             for run in runs}
 
 
+def test_a_large_model_with_a_collective_of_the_scripts_own_every_step_moves_no_empty_payload(tmp_path):
+    """2.25M parameters in lock-step (equal speeds), and an allreduce of the loss of the script's own after every
+    step: while the ranks wait in it their tick threads join every tick at once, which for a payload this size must
+    be probes (the payload moving empty each step would double the bytes). Horovod's weights under ssp s=0, every
+    push applied once on every rank, no hang."""
+    steps = 12
+    res = launch("mpirun", 2, "tests/workers/relaxed_train.py",
+                 [tmp_path, "--mode", "degenerate", "--steps", str(steps), "--hidden", "90000", "--policies", "ssp",
+                  "--backward-delay", "0.03", "--user-collective"], env={"HVD_ELASTIC_STALENESS": "0"}, timeout=240)
+    assert res.returncode == 0 and not res.timed_out, res.output[-4000:]
+    ranks = [json.load(open(os.path.join(tmp_path, f"rank{r}.ssp.json"))) for r in range(2)]
+    reports = [r["report"]["ranks"][r["rank"]]["counters"] for r in ranks]
+    assert all(c["lockstep_share"] == 1.0 for c in reports), reports
+    assert all(c["payload_collectives"] <= steps + 1 for c in reports), reports
+    assert all(c["applied_contributions"] == 2 * steps for c in reports), reports
+    assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
+    assert ranks[0]["ref_max_abs"] > 0 and ranks[0]["max_abs_diff"] <= 5e-5, ranks[0]["max_abs_diff"]
+
+
 def test_streamed_pushes_of_a_large_model_keep_bsp_weights_and_every_update(tmp_path):
     """2.25M parameters: full ticks go in chunks and a rank's gradient is read during backward (streamed push,
     engine/stream.py). ssp s=0 must still give Horovod's weights; asp must apply every push once on every rank and

@@ -33,7 +33,7 @@ def flat(model):
     return torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
 
 
-def degenerate(steps, hidden, policies, backward_delay=0.0):
+def degenerate(steps, hidden, policies, backward_delay=0.0, user_collective=False):
     def run(make_opt):
         torch.manual_seed(7)
         model = torch.nn.Sequential(torch.nn.Linear(20, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 4))
@@ -47,8 +47,11 @@ def degenerate(steps, hidden, policies, backward_delay=0.0):
         for _ in range(steps):
             x, y = torch.randn(8, 20, generator=g), torch.randint(0, 4, (8,), generator=g)
             opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
             opt.step()
+            if user_collective:   # a script's own collective between steps (its loss, averaged for a log line)
+                hvd.allreduce(loss.detach(), name="test.loss")
         return opt, model
 
     _, ref = run(lambda o, m: hvd.DistributedOptimizer(o, named_parameters=m.named_parameters()))
@@ -119,6 +122,8 @@ def main():
     ap.add_argument("--runs", default="", help="train mode: a JSON list of runs (the optimizer's keywords)")
     ap.add_argument("--backward-delay", type=float, default=0.0,
                     help="degenerate mode: seconds of sleep inside each backward")
+    ap.add_argument("--user-collective", action="store_true",
+                    help="degenerate mode: an allreduce of the loss of the script's own after every step")
     ap.add_argument("--policies", default=os.environ.get("HVD_ELASTIC_POLICY", "bsp"),
                     help="degenerate mode: the policies, in turn")
     args = ap.parse_args()
@@ -128,7 +133,7 @@ def main():
     if args.mode == "degenerate":
         outs = {f"rank{rank}.{policy}.json": out
                 for policy, out in degenerate(args.steps, args.hidden, args.policies.split(","),
-                                              args.backward_delay).items()}
+                                              args.backward_delay, args.user_collective).items()}
     elif args.runs:
         outs = {}
         for policy, target, knobs in each_run(args.runs, "target", args.target):

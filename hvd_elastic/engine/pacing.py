@@ -6,17 +6,17 @@ probe (full()), are ticks joined now (joined), and until when the thread waits b
 for joined ticks, join_wait_s()). Every field is a function of the sequence of tables, which every rank holds
 identically, so every rank issues the same collectives in the same order.
 
-Probe pacing (probe; for payloads of SMALL_WORDS and more, the pacing outside lock-step): a tick is normally a probe, the table
-alone (a few hundred words), which delivers nothing and tells every rank what each rank has pending. When the table
-shows pending pushes, every rank decides to release them (table.release): the next tick is full, payload and table
-in one allreduce, issued at once. The release holds (at most the peer wait, HOLD_FRACTION of the pushers' step
-period by default) for ranks due to push within that window, so that equally fast ranks land in one payload
-instead of one payload each; a straggler is never held for. While most recent ticks carried pushes or released
-them at once (BUSY of the last BUSY_WINDOW: pushes arrive faster than ticks), ticks are full without probes (one
-collective per tick; an empty full tick moves a zero payload) -- for payloads under CHUNK_WORDS only: beyond, a
+Probe pacing (probe; for payloads of SMALL_WORDS and more, the pacing outside lock-step): a tick is normally a
+probe, the table alone (a few hundred words), which delivers nothing and tells every rank what each rank has
+pending. When the table shows pending pushes, every rank decides to release them (table.release): the next tick is
+full, payload and table in one allreduce, issued at once. The release holds (at most the peer wait, HOLD_FRACTION of
+the pushers' step period by default) for ranks due to push within that window, so that equally fast ranks land in
+one payload instead of one payload each; a straggler is never held for. While most recent ticks carried pushes or
+released them at once (BUSY of the last BUSY_WINDOW: pushes arrive faster than ticks), ticks are full without probes
+(one collective per tick; an empty full tick moves a zero payload) -- for payloads under CHUNK_WORDS only: beyond, a
 probe costs little beside the payload and an empty full tick a lot. A probe that holds pending pushes for a peer
-does not count as busy: counting it makes every hold switch to full ticks, which release without waiting, so
-equally fast ranks drift apart (docs/design.md).
+does not count as busy: counting it makes every hold switch to full ticks, which release without waiting, so equally
+fast ranks drift apart (docs/design.md).
 
 Join pacing (join; payloads under SMALL_WORDS, 1 MB in float32): every tick is full and joined, and there are no
 probes and no releases: a tick fires when the last rank's thread joins it, so each thread decides *when* to join,
@@ -27,26 +27,26 @@ Horovod collective costs milliseconds, and a probe costs as much as a small payl
 moves the small payload; such ticks are rare (a rank overdue, all ranks held). The joins need not agree across
 ranks: every tick has the same shape.
 
-Auto pacing (auto, the default): probe pacing until a table shows every live rank's
-push period and last push (predictable) and nothing pending, join pacing from then on -- for a policy that does not
-join stragglers (zipline: joins_stragglers = False) only while every rank is a peer of every other (still_peers),
-probes otherwise. Under a straggler, its push joins a tick of the fast group's (due first, it waits for its push
-until theirs; due after them, its thread joins their tick early and its push goes into their next): one collective
-per fast round. While the policy's lock-step fallback holds the ranks in lock-step (policies/base.py Lockstep; the
-pacing keeps its own copy of the rule, fed the same tables), ticks are joined for every policy, zipline too, and a
-thread joins with its own push or once its rank is held at its gate (table.lockstep_join_wait_s): every rank pushes
-once a round, and the round's one tick carries every push, as BSP's allreduce does. While every rank is a peer of
-every other, the join window widens (AUTO_JOIN_HOLD x the release hold: one period), so that a round whose pushes
-all come late (a slow tick delays every rank's next step alike) still lands in one tick, and groups the peers by
-AUTO_EXIT_SPEED (a rank's latest step time is noisy: at PEER_SPEED a peer left out of the group joins early and its
-push misses the tick). Payloads of SMALL_WORDS and more are joined in lock-step only (probe pacing otherwise, where
-an empty joined tick would move the whole payload for nothing), and there a tick is full only after a table that
-announced pushes (pending, or a stream begun), a probe otherwise (AutoPacing.full): each round is a joined probe
-that the ranks' pushes (or streams) join, then the full tick that carries them, both run by the training thread
-where it waits for its own push (run_inline). Two collectives a round, the first of a few hundred words, and a
-payload never moves empty: not after the last round, not while the ranks wait in a collective of the script's own
-(their threads join every tick at once then), whatever a script calls between its steps. Measurements:
-docs/benchmarks.md.
+Auto pacing (auto, the default): probe pacing until a table shows every live rank's push period and last push
+(predictable) and nothing pending, join pacing from then on -- for a policy that does not join stragglers (zipline:
+joins_stragglers = False) only while every rank is a peer of every other (still_peers), probes otherwise. Under a
+straggler, its push joins a tick of the fast group's (due first, it waits for its push until theirs; due after them,
+its thread joins their tick early and its push goes into their next): one collective per fast round. While the
+policy's lock-step fallback holds the ranks in lock-step (policies/base.py Lockstep; the pacing keeps its own copy
+of the rule, fed the same tables), ticks are joined for every policy, zipline too, and a thread joins with its own
+push or once its rank is held at its gate (table.lockstep_join_wait_s): every rank pushes once a round, and the
+round's one tick carries every push, as BSP's allreduce does. While every rank is a peer of every other, the join
+window widens (AUTO_JOIN_HOLD x the release hold: one period), so that a round whose pushes all come late (a slow
+tick delays every rank's next step alike) still lands in one tick, and groups the peers by AUTO_EXIT_SPEED (a rank's
+latest step time is noisy: at PEER_SPEED a peer left out of the group joins early and its push misses the tick).
+Payloads of SMALL_WORDS and more are joined in lock-step only (probe pacing otherwise, where an empty joined tick
+would move the whole payload for nothing), and there a tick is full only after a table that announced pushes
+(pending, or a stream begun), a probe otherwise (AutoPacing.full): each round is a joined probe that the ranks'
+pushes (or streams) join, then the full tick that carries them, both run by the training thread where it waits for
+its own push (run_inline; a streamed round's full tick by the tick thread, which reads the stream). Two collectives
+a round, the first of a few hundred words, and a payload never moves empty: not after the last round, not while the
+ranks wait in a collective of the script's own (their threads join every tick at once then), whatever a script calls
+between its steps. Measurements: docs/benchmarks.md.
 
 All modes share the tick_s back-off (Backoff): the thread looks at most every tick_s, doubling up to max_idle_s
 while ticks come back empty; probe pacing sleeps instead until shortly before the next event the table predicts

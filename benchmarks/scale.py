@@ -55,8 +55,7 @@ def run_cell(policy, params_m, ranks, steps, timeout, device="cpu", launcher="mp
     if policy == "lbbsp":   # the global batch it re-divides: the same samples per step as every other policy
         env["HVD_ELASTIC_GLOBAL_BATCH"] = str(BATCH * ranks)
     program = [sys.executable, WORKER, "--params", str(params_m), "--steps", str(steps), "--warmup", str(warmup),
-               "--batch", str(BATCH),
-               "--impl", "horovod" if policy == "horovod" else "hvd_elastic", "--device", device]
+               "--batch", str(BATCH), "--impl", "horovod" if policy == "horovod" else "hvd_elastic", "--device", device]
     if delay:
         program += ["--delay", delay]
     cmd = launch_command(launcher, ranks, program, hosts, exports=sorted(k for k in env if k.startswith("HVD_")))
@@ -147,8 +146,8 @@ def main():
                 t, rss, b = med("step_s", ok[p]), med("peak_rss_mb", ok[p]), med("bytes_per_step", ok[p])
                 thru, gpu = med("samples_per_s", ok[p]), med("peak_gpu_mb", ok[p])
                 row = {"params_m": params_m, "ranks": ranks, "policy": p, "device": args.device,
-                       "slowdown": args.slowdown, "fallback": args.fallback, "warmup": args.warmup, "step_s": t, "peak_rss_mb": rss, "peak_gpu_mb": gpu,
-                       "samples_per_s": thru, "bytes_per_step": b, "rounds": rounds[p]}
+                       "slowdown": args.slowdown, "fallback": args.fallback, "warmup": args.warmup, "step_s": t,
+                       "peak_rss_mb": rss, "peak_gpu_mb": gpu, "samples_per_s": thru, "bytes_per_step": b, "rounds": rounds[p]}
                 if ref:
                     t0, r0, b0 = med("step_s", ref), med("peak_rss_mb", ref), med("bytes_per_step", ref)
                     thru0, g0 = med("samples_per_s", ref), med("peak_gpu_mb", ref)

@@ -201,9 +201,9 @@ class AutoPacing:
         peers = self.join_pacing
         if self.lockstep is not None:
             observe_lockstep(self.lockstep, meta)
+        self.announced = self.large and not nothing_pending(meta)   # read by full() for a large payload only
         # In lock-step every rank pushes once a round, as under BSP: joined at once (the lock-step join needs no
         # prediction, nor the peers' window), one collective per round, for any policy
-        self.announced = not nothing_pending(meta)
         if self.in_lockstep:
             self.joined = True
         elif self.large:

@@ -9,16 +9,17 @@
 
 namespace hvd_elastic {
 
-LockstepRule::LockstepRule(int n, double min_gain, int64_t settle, int64_t sample)
-    : min_gain_(min_gain), settle_(settle), sample_(sample), clocks_(n, 0), compute_(n, -1.0), last_push_(n, -1),
-      since_(n, 0), finished_(n, false) {
+LockstepRule::LockstepRule(int n, double min_gain, int64_t settle, int64_t sample, int64_t relaxed_sample)
+    : min_gain_(min_gain), settle_(settle), sample_(sample), relaxed_sample_(relaxed_sample), clocks_(n, 0),
+      compute_(n, -1.0), last_push_(n, -1), since_(n, 0), finished_(n, false) {
   const char* where = "LockstepRule";
   HVD_REQUIRE(n >= 1 && n <= checks::kMaxWorkers, where,
               "n must be in [1, " + std::to_string(checks::kMaxWorkers) + "], got " + std::to_string(n));
   HVD_REQUIRE(std::isfinite(min_gain) && min_gain > 0, where,
               "min_gain must be a finite number > 0, got " + std::to_string(min_gain));
-  HVD_REQUIRE(settle >= 1 && sample >= 1, where,
-              "settle and sample must be >= 1 push, got " + std::to_string(settle) + " and " + std::to_string(sample));
+  HVD_REQUIRE(settle >= 1 && sample >= 1 && relaxed_sample >= 1, where,
+              "settle, sample and relaxed_sample must be >= 1 push, got " + std::to_string(settle) + ", " +
+                  std::to_string(sample) + " and " + std::to_string(relaxed_sample));
 }
 
 bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector<int64_t>& interval_ns,
@@ -57,7 +58,8 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
   }
   if (in_mode < settle_ || measured_ranks() < 2) return lockstep_;
   if (!explored_) {  // one measurement of each mode first: lock-step, then relaxed where relaxing can pay
-    if (in_mode < settle_ + sample_ || (lockstep_ ? o_lock_ : o_relax_) < 0) return lockstep_;
+    if (in_mode < settle_ + (lockstep_ ? sample_ : relaxed_sample_) || (lockstep_ ? o_lock_ : o_relax_) < 0)
+      return lockstep_;
     explored_ = !lockstep_;
   }
   // Until relaxed is measured, the gain's ceiling decides whether measuring it can pay.
@@ -98,11 +100,12 @@ bool LockstepRule::complete_round(const std::vector<int64_t>& pushed) const {
 
 // One sample of the current mode's overhead, where this observation holds one: lock-step, a round between two
 // lock-step points (mean gap of the live ranks - the slowest live rank's compute in it); relaxed, each push's gap
-// beyond its step's compute (the mean over the ranks that pushed).
+// beyond its step's compute, weighted by the pushes (a rank that pushed k times since the last observation adds
+// k pushes of its mean gap).
 void LockstepRule::sample_overhead(const std::vector<double>& gap, const std::vector<int64_t>& pushed,
                                    const std::vector<int64_t>& interval_ns, bool lockstep_round) {
   double sum = 0, max_c = 0;
-  int k = 0;
+  int64_t k = 0, weight = 0;
   for (size_t q = 0; q < gap.size(); ++q) {
     if (finished_[q] || pushed[q] == 0) continue;
     if (gap[q] < 0 || compute_[q] <= 0) {
@@ -110,14 +113,23 @@ void LockstepRule::sample_overhead(const std::vector<double>& gap, const std::ve
       continue;
     }
     const double c = pushed[q] == 1 && interval_ns[q] > 0 ? static_cast<double>(interval_ns[q]) : compute_[q];
-    sum += lockstep_ ? gap[q] : gap[q] - c;
+    sum += lockstep_ ? gap[q] : static_cast<double>(pushed[q]) * (gap[q] - c);
     max_c = std::max(max_c, c);
     ++k;
+    weight += pushed[q];
   }
   if (k == 0 || (lockstep_ && (!lockstep_round || k < 2))) return;
-  const double sample = std::max(0.0, lockstep_ ? sum / k - max_c : sum / k);
-  double& o = lockstep_ ? o_lock_ : o_relax_;
-  o = o < 0 ? sample : o + kOverheadAlpha * (sample - o);
+  if (lockstep_)
+    o_lock_ = std::max(0.0, lock_mean_.add(sum / static_cast<double>(k) - max_c, 1, kLockstepAlpha));
+  else
+    o_relax_ = std::max(0.0, relax_mean_.add(sum, static_cast<double>(weight), kRelaxedAlpha));
+}
+
+double LockstepRule::Mean::add(double total, double weight, double alpha) {
+  const double keep = std::pow(1.0 - alpha, weight);
+  num = keep * num + total;
+  den = keep * den + weight;
+  return num / den;
 }
 
 // Live ranks whose compute time is measured (fewer than two: nothing to choose between).

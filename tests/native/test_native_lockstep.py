@@ -4,7 +4,7 @@ import pytest
 from hvd_elastic import _native as N
 
 MS = 1_000_000
-SETTLE = SAMPLE = 2     # pushes of every live rank
+SETTLE = SAMPLE = RELAXED_SAMPLE = 2     # pushes of every live rank
 
 
 class Stream:
@@ -12,7 +12,7 @@ class Stream:
     previous push."""
 
     def __init__(self, n=4, min_gain=1.25):
-        self.rule = N.LockstepRule(n, min_gain, SETTLE, SAMPLE)
+        self.rule = N.LockstepRule(n, min_gain, SETTLE, SAMPLE, RELAXED_SAMPLE)
         self.clocks = [0] * n
         self.times = [0] * n      # each rank's latest push, ns
         self.finished = [False] * n
@@ -83,6 +83,44 @@ def test_speeds_that_spread_out_later_make_the_ranks_measure_relaxed_and_relax()
     assert s.rule.overhead_relaxed_ns == pytest.approx(10 * MS)
 
 
+def test_the_first_relaxed_measurement_spans_relaxed_sample_pushes():
+    s = Stream()
+    s.rule = N.LockstepRule(4, 1.25, SETTLE, SAMPLE, 6)
+    s.rounds(4, [30] * 4, [50] * 4)                       # lock-step measured in settle + sample = 4 rounds
+    assert s.rule.switch_pushes == [16]
+    assert not any(s.rounds(7, [30] * 4, [45] * 4))       # relaxed, not paying: decided after settle + 6 rounds only
+    assert s.rounds(1, [30] * 4, [45] * 4) == [True] and s.rule.switch_pushes == [16, 48]
+
+
+def test_the_relaxed_cost_is_a_mean_over_pushes_not_over_ticks():
+    # relaxed under a straggler: three ticks that each carry one push of every fast rank (5 ms beyond its compute),
+    # then one that carries rank 3's push alone (35 ms beyond). Per push: (9 x 5 + 35) / 10 = 8 ms (what the pushes
+    # per second follow); a mean over ticks would read (3 x 5 + 35) / 4 = 12.5 ms
+    s = Stream()
+    s.rounds(4, STRAGGLER, LOCKSTEP_STRAGGLER)
+    for _ in range(200):
+        for _ in range(3):
+            s.clocks[:3] = [c + 1 for c in s.clocks[:3]]
+            s.times[:3] = [t + 35 * MS for t in s.times[:3]]
+            s.observe(STRAGGLER)
+        s.push(3, 125, STRAGGLER)
+    assert not s.rule.lockstep
+    assert s.rule.overhead_relaxed_ns == pytest.approx(8 * MS, rel=0.02), s.rule.overhead_relaxed_ns / MS
+
+
+def test_one_stall_of_every_rank_is_counted_but_does_not_send_relaxed_ranks_back_to_lockstep():
+    s = Stream()
+    s.rounds(4, STRAGGLER, LOCKSTEP_STRAGGLER)            # o_L = 5 ms
+    s.rounds(300, STRAGGLER, RELAXED_STRAGGLER)           # o_R = 10 ms, gain 2.0
+    assert not s.rule.lockstep
+    # every rank stalls for a second once (the network, a neighbour): the relaxed rule's cost rises by its share of
+    # the pushes the rule remembers, and the ranks stay relaxed (gain >= 1.25 x 0.95)
+    s.rounds(1, STRAGGLER, [p + 1000 for p in RELAXED_STRAGGLER])
+    assert 20 * MS < s.rule.overhead_relaxed_ns < 40 * MS, s.rule.overhead_relaxed_ns / MS
+    assert not any(s.rounds(50, STRAGGLER, RELAXED_STRAGGLER)) and s.rule.switches == 1
+    assert s.rule.overhead_relaxed_ns < 30 * MS
+
+
 def test_a_wait_for_a_rank_catching_up_after_a_switch_is_not_counted_as_lockstep_cost():
     s = Stream()
     s.rounds(4, STRAGGLER, LOCKSTEP_STRAGGLER)            # o_L = 5 ms
@@ -136,15 +174,17 @@ def test_finished_ranks_are_left_out_and_a_single_live_rank_keeps_the_mode():
     assert s.rule.switches == before and not s.rule.lockstep
 
 
-@pytest.mark.parametrize("args,match", [((4, 0.0, 8, 8), "min_gain"), ((4, float("nan"), 8, 8), "min_gain"),
-                                        ((0, 1.25, 8, 8), "n must be"), ((4, 1.25, 0, 8), "settle and sample")])
+@pytest.mark.parametrize("args,match", [((4, 0.0, 8, 8, 8), "min_gain"), ((4, float("nan"), 8, 8, 8), "min_gain"),
+                                        ((0, 1.25, 8, 8, 8), "n must be"),
+                                        ((4, 1.25, 0, 8, 8), "settle, sample and relaxed_sample"),
+                                        ((4, 1.25, 8, 8, 0), "settle, sample and relaxed_sample")])
 def test_bad_construction_is_named(args, match):
     with pytest.raises(ValueError, match=match):
         N.LockstepRule(*args)
 
 
 def test_bad_observations_are_named():
-    r = N.LockstepRule(2, 1.25, 8, 8)
+    r = N.LockstepRule(2, 1.25, 8, 8, 8)
     with pytest.raises(ValueError, match="one entry per rank"):
         r.observe([1], [1, 1], [1, 1], [False, False])
     r.observe([3, 3], [MS, MS], [MS, MS], [False, False])

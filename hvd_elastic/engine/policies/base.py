@@ -187,6 +187,8 @@ class Lockstep:
     The mode is a function of the tick stream, so every rank is in the same mode at the same tick."""
 
     SETTLE = 8   # pushes of every rank after a switch before the overheads are sampled (the first carry the old mode)
+    SAMPLE = 8   # pushes of every rank in the first measurement of lock-step's cost
+    RELAXED_SAMPLE = 32   # ... and of the relaxed rule's (it moves more: across hosts, stalls every few seconds)
 
     def __init__(self, size: int, min_gain: float):
         self.size, self.min_gain = size, min_gain
@@ -195,7 +197,7 @@ class Lockstep:
     def new_rule(self):
         """A rule in its starting state: fed the same tick stream, every copy holds the same mode at the same tick
         (the tick pacing keeps one on the tick thread: engine/pacing.py AutoPacing)."""
-        return _native.LockstepRule(self.size, self.min_gain, self.SETTLE, self.SETTLE)
+        return _native.LockstepRule(self.size, self.min_gain, self.SETTLE, self.SAMPLE, self.RELAXED_SAMPLE)
 
     @classmethod
     def build(cls, cfg, size: int, updates) -> Optional["Lockstep"]:

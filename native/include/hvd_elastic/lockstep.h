@@ -12,7 +12,9 @@
 //        sampled only from a round that starts and ends at a lock-step point (every live rank pushed exactly once in
 //        the tick before and in this one, and every live clock is equal after each), so a gap that holds the wait
 //        for a rank catching up after a switch is never counted as lock-step's cost,
-//   o_R  the relaxed rule's cost per step beyond a rank's compute: g_q - INTERVAL_q, sampled per push while relaxed,
+//   o_R  the relaxed rule's cost per step beyond a rank's compute: g_q - INTERVAL_q, sampled per push while relaxed
+//        and averaged over pushes (a tick that delivers three pushes weighs three times one that delivers the
+//        straggler's alone), so sum_q 1 / (c_q + o_R) is the pushes per second the ranks really made,
 //   gain = [sum_q 1 / (c_q + o_R)] / [n / (max_q c_q + o_L)]   (predicted pushes per second, relaxed / lock-step).
 //
 // The ranks relax while gain >= min_gain: from lock-step once gain >= min_gain * (1 + kHysteresis), back to
@@ -36,10 +38,17 @@ class LockstepRule {
  public:
   static constexpr double kHysteresis = 0.05;
   static constexpr double kAlpha = 0.2;          // moving average of a rank's compute time, per push of the rank
-  static constexpr double kOverheadAlpha = 0.05;  // moving average of o_L / o_R, per observation past settle
+  // o_L and o_R: exponentially weighted means of their samples past settle (bias-corrected: close to the plain mean
+  // while the samples are few, so no single first sample stands for the ones after it). o_R remembers a few seconds
+  // of pushes: across hosts, stalls of a few hundred ms every few seconds are part of a relaxed rule's cost, and a
+  // shorter memory read each one as the rule's new cost and went back to lock-step for good.
+  static constexpr double kLockstepAlpha = 0.05;   // per lock-step round
+  static constexpr double kRelaxedAlpha = 0.005;   // per relaxed push
 
-  // min_gain > 0; settle, sample >= 1 (pushes of every live rank).
-  LockstepRule(int n, double min_gain, int64_t settle, int64_t sample);
+  // min_gain > 0; settle, sample, relaxed_sample >= 1 (pushes of every live rank): the first measurement of lock-step
+  // samples `sample` pushes, the first of the relaxed rule `relaxed_sample` (longer: a relaxed rule's cost moves
+  // more, e.g. with the network's stalls, and its first measurement decides whether relaxing is measured again).
+  LockstepRule(int n, double min_gain, int64_t settle, int64_t sample, int64_t relaxed_sample);
 
   // One tick's table: per rank the pushes delivered (clock), the latest push's step compute time and the time of the
   // latest push (ns on one clock per rank; <= 0: not measured yet), finished flags. Returns lockstep() after it.
@@ -66,7 +75,7 @@ class LockstepRule {
   double gain_at(double o_relax) const;  // the model's gain at that o_R (0: its ceiling)
 
   double min_gain_;
-  int64_t settle_, sample_;
+  int64_t settle_, sample_, relaxed_sample_;
   std::vector<int64_t> clocks_;
   std::vector<double> compute_;   // c_q, -1 until measured
   std::vector<int64_t> last_push_;  // each rank's latest push time as of the last observation, -1 until known
@@ -79,6 +88,11 @@ class LockstepRule {
   int64_t pushes_ = 0, lockstep_pushes_ = 0, switches_ = 0;
   std::vector<int64_t> switch_pushes_;
   double o_lock_ = -1, o_relax_ = -1, gain_ = 0;
+  struct Mean {   // exponentially weighted, bias-corrected: sum(w_i x_i) / sum(w_i) with w_i = (1 - alpha)^age
+    double num = 0, den = 0;
+    double add(double total, double weight, double alpha);   // `weight` samples summing to `total`; the new mean
+  };
+  Mean lock_mean_, relax_mean_;
 };
 
 }  // namespace hvd_elastic

@@ -58,8 +58,10 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
   }
   if (in_mode < settle_ || measured_ranks() < 2) return lockstep_;
   if (!explored_) {  // one measurement of each mode first: lock-step, then relaxed where relaxing can pay
-    if (in_mode < settle_ + (lockstep_ ? sample_ : relaxed_sample_) || (lockstep_ ? o_lock_ : o_relax_) < 0)
-      return lockstep_;
+    if (in_mode < settle_ + sample_ || (lockstep_ ? o_lock_ : o_relax_) < 0) return lockstep_;
+    // relaxed: `sample` pushes settle a clear loss (fewer pushes per second than lock-step); a gain near the switch
+    // takes `relaxed_sample`, so that one stall cannot decide it
+    if (!lockstep_ && in_mode < settle_ + relaxed_sample_ && gain_at(o_relax_) >= 1.0) return lockstep_;
     explored_ = !lockstep_;
   }
   // Until relaxed is measured, the gain's ceiling decides whether measuring it can pay.

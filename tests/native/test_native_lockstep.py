@@ -83,13 +83,20 @@ def test_speeds_that_spread_out_later_make_the_ranks_measure_relaxed_and_relax()
     assert s.rule.overhead_relaxed_ns == pytest.approx(10 * MS)
 
 
-def test_the_first_relaxed_measurement_spans_relaxed_sample_pushes():
+def test_the_first_relaxed_measurement_spans_relaxed_sample_pushes_unless_relaxing_loses_outright():
     s = Stream()
     s.rule = N.LockstepRule(4, 1.25, SETTLE, SAMPLE, 6)
     s.rounds(4, [30] * 4, [50] * 4)                       # lock-step measured in settle + sample = 4 rounds
     assert s.rule.switch_pushes == [16]
-    assert not any(s.rounds(7, [30] * 4, [45] * 4))       # relaxed, not paying: decided after settle + 6 rounds only
-    assert s.rounds(1, [30] * 4, [45] * 4) == [True] and s.rule.switch_pushes == [16, 48]
+    # relaxed at 43 ms a step: gain 50 / 43 = 1.16, under the switch back (1.25 x 0.95) but above 1: decided after
+    # settle + 6 rounds
+    assert not any(s.rounds(7, [30] * 4, [43] * 4))
+    assert s.rounds(1, [30] * 4, [43] * 4) == [True] and s.rule.switch_pushes == [16, 48]
+    # relaxing that loses outright (gain 50 / 55 < 1) is decided after settle + sample rounds
+    s = Stream()
+    s.rule = N.LockstepRule(4, 1.25, SETTLE, SAMPLE, 6)
+    s.rounds(4, [30] * 4, [50] * 4)
+    assert s.rounds(4, [30] * 4, [55] * 4) == [False, False, False, True] and s.rule.switch_pushes == [16, 32]
 
 
 def test_the_relaxed_cost_is_a_mean_over_pushes_not_over_ticks():

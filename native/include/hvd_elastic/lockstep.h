@@ -22,7 +22,8 @@
 // for its stale gradients (1.25: a quarter more pushes). The first pushes after a switch still carry the previous
 // mode (a rank's first gap in relaxed mode may end a lock-step wait), so the overheads are sampled once every live
 // rank has pushed `settle` times since the switch. Start: lock-step until o_L is measured (every live rank `settle` +
-// `sample` pushes), then relaxed until o_R is (the same), then the model decides at every observation. Relaxed is
+// `sample` pushes), then relaxed until o_R is (`settle` + `relaxed_sample`, or + `sample` where relaxing loses
+// outright), then the model decides at every observation. Relaxed is
 // measured only once its gain can reach the switch: while even o_R = 0 (the ceiling) predicts less, as with equal
 // speeds, the ranks stay in lock-step and the ceiling is checked at every observation instead. Every input
 // comes from the tick stream, which every rank observes identically in the same order: every rank holds the same
@@ -46,8 +47,9 @@ class LockstepRule {
   static constexpr double kRelaxedAlpha = 0.005;   // per relaxed push
 
   // min_gain > 0; settle, sample, relaxed_sample >= 1 (pushes of every live rank): the first measurement of lock-step
-  // samples `sample` pushes, the first of the relaxed rule `relaxed_sample` (longer: a relaxed rule's cost moves
-  // more, e.g. with the network's stalls, and its first measurement decides whether relaxing is measured again).
+  // samples `sample` pushes, the first of the relaxed rule `sample` where it shows a clear loss (gain < 1: fewer
+  // pushes per second than lock-step) and `relaxed_sample` otherwise (longer: a relaxed rule's cost moves more, e.g.
+  // with the network's stalls, and its first measurement decides whether relaxing is measured again).
   LockstepRule(int n, double min_gain, int64_t settle, int64_t sample, int64_t relaxed_sample);
 
   // One tick's table: per rank the pushes delivered (clock), the latest push's step compute time and the time of the

@@ -188,7 +188,8 @@ class Lockstep:
 
     SETTLE = 8   # pushes of every rank after a switch before the overheads are sampled (the first carry the old mode)
     SAMPLE = 8   # pushes of every rank in the first measurement of lock-step's cost
-    RELAXED_SAMPLE = 32   # ... and of the relaxed rule's (it moves more: across hosts, stalls every few seconds)
+    RELAXED_SAMPLE = 32   # ... and of the relaxed rule's near the switch (SAMPLE where it loses outright): across
+    # hosts the relaxed rule's cost moves with stalls every few seconds, and one must not decide
 
     def __init__(self, size: int, min_gain: float):
         self.size, self.min_gain = size, min_gain

@@ -42,7 +42,7 @@ class LockstepRule {
   // o_L and o_R: exponentially weighted means of their samples past settle (bias-corrected: close to the plain mean
   // while the samples are few, so no single first sample stands for the ones after it). o_R remembers a few seconds
   // of pushes: across hosts, stalls of a few hundred ms every few seconds are part of a relaxed rule's cost, and a
-  // shorter memory read each one as the rule's new cost and went back to lock-step for good.
+  // memory of a few ticks reads each one as the rule's new cost and sends the ranks back to lock-step for good.
   static constexpr double kLockstepAlpha = 0.05;   // per lock-step round
   static constexpr double kRelaxedAlpha = 0.005;   // per relaxed push
 

@@ -147,7 +147,8 @@ def main():
                 thru, gpu = med("samples_per_s", ok[p]), med("peak_gpu_mb", ok[p])
                 row = {"params_m": params_m, "ranks": ranks, "policy": p, "device": args.device,
                        "slowdown": args.slowdown, "fallback": args.fallback, "warmup": args.warmup, "step_s": t,
-                       "peak_rss_mb": rss, "peak_gpu_mb": gpu, "samples_per_s": thru, "bytes_per_step": b, "rounds": rounds[p]}
+                       "peak_rss_mb": rss, "peak_gpu_mb": gpu, "samples_per_s": thru, "bytes_per_step": b,
+                       "rounds": rounds[p]}
                 if ref:
                     t0, r0, b0 = med("step_s", ref), med("peak_rss_mb", ref), med("bytes_per_step", ref)
                     thru0, g0 = med("samples_per_s", ref), med("peak_gpu_mb", ref)

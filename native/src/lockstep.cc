@@ -58,14 +58,14 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
   }
   if (in_mode < settle_ || measured_ranks() < 2) return lockstep_;
   if (!explored_) {  // one measurement of each mode first: lock-step, then relaxed where relaxing can pay
-    if (in_mode < settle_ + sample_ || (lockstep_ ? o_lock_ : o_relax_) < 0) return lockstep_;
+    if (in_mode < settle_ + sample_ || (lockstep_ ? lock_mean_ : relax_mean_).value() < 0) return lockstep_;
     // relaxed: `sample` pushes settle a clear loss (fewer pushes per second than lock-step); a gain near the switch
     // takes `relaxed_sample`, so that one stall cannot decide it
-    if (!lockstep_ && in_mode < settle_ + relaxed_sample_ && gain_at(o_relax_) >= 1.0) return lockstep_;
+    if (!lockstep_ && in_mode < settle_ + relaxed_sample_ && gain_at(relax_mean_.value()) >= 1.0) return lockstep_;
     explored_ = !lockstep_;
   }
   // Until relaxed is measured, the gain's ceiling decides whether measuring it can pay.
-  gain_ = gain_at(explored_ ? o_relax_ : 0);
+  gain_ = gain_at(explored_ ? relax_mean_.value() : 0);
   if (lockstep_ && gain_ >= min_gain_ * (1 + kHysteresis))
     switch_to(false);
   else if (!lockstep_ && gain_ < min_gain_ * (1 - kHysteresis))
@@ -122,17 +122,18 @@ void LockstepRule::sample_overhead(const std::vector<double>& gap, const std::ve
   }
   if (k == 0 || (lockstep_ && (!lockstep_round || k < 2))) return;
   if (lockstep_)
-    o_lock_ = std::max(0.0, lock_mean_.add(sum / static_cast<double>(k) - max_c, 1, kLockstepAlpha));
+    lock_mean_.add(sum / static_cast<double>(k) - max_c, 1, kLockstepAlpha);
   else
-    o_relax_ = std::max(0.0, relax_mean_.add(sum, static_cast<double>(weight), kRelaxedAlpha));
+    relax_mean_.add(sum, static_cast<double>(weight), kRelaxedAlpha);
 }
 
-double LockstepRule::Mean::add(double total, double weight, double alpha) {
+void LockstepRule::Mean::add(double total, double weight, double alpha) {
   const double keep = std::pow(1.0 - alpha, weight);
   num = keep * num + total;
   den = keep * den + weight;
-  return num / den;
 }
+
+double LockstepRule::Mean::value() const { return den > 0 ? std::max(0.0, num / den) : -1.0; }
 
 // Live ranks whose compute time is measured (fewer than two: nothing to choose between).
 int LockstepRule::measured_ranks() const {
@@ -154,7 +155,7 @@ double LockstepRule::gain_at(double o_relax) const {
     ++k;
   }
   if (k < 2) return gain_;
-  return relaxed / (k / (max_c + o_lock_));
+  return relaxed / (k / (max_c + lock_mean_.value()));
 }
 
 }  // namespace hvd_elastic

@@ -59,8 +59,8 @@ class LockstepRule {
 
   bool lockstep() const { return lockstep_; }
   double gain() const { return gain_; }  // the latest prediction (its ceiling until o_R is measured); 0 until o_L is
-  double overhead_lockstep_ns() const { return o_lock_; }  // o_L; -1 until measured
-  double overhead_relaxed_ns() const { return o_relax_; }  // o_R; -1 until measured
+  double overhead_lockstep_ns() const { return lock_mean_.value(); }  // o_L; -1 until measured
+  double overhead_relaxed_ns() const { return relax_mean_.value(); }  // o_R; -1 until measured
   int64_t switches() const { return switches_; }
   const std::vector<int64_t>& switch_pushes() const { return switch_pushes_; }  // pushes() at each switch
   int64_t lockstep_pushes() const { return lockstep_pushes_; }  // pushes delivered while in lock-step
@@ -89,10 +89,11 @@ class LockstepRule {
   std::vector<bool> finished_;   // as of the last observation
   int64_t pushes_ = 0, lockstep_pushes_ = 0, switches_ = 0;
   std::vector<int64_t> switch_pushes_;
-  double o_lock_ = -1, o_relax_ = -1, gain_ = 0;
+  double gain_ = 0;
   struct Mean {   // exponentially weighted, bias-corrected: sum(w_i x_i) / sum(w_i) with w_i = (1 - alpha)^age
     double num = 0, den = 0;
-    double add(double total, double weight, double alpha);   // `weight` samples summing to `total`; the new mean
+    void add(double total, double weight, double alpha);   // `weight` samples summing to `total`
+    double value() const;   // the mean, clamped at 0 (an overhead); -1 before any sample
   };
   Mean lock_mean_, relax_mean_;
 };

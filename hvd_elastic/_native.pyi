@@ -137,8 +137,7 @@ class LockstepRule:
     """The gradient policies' lock-step fallback: BSP's pace while relaxing is predicted to deliver less than
     min_gain x lock-step's pushes per second (native/include/hvd_elastic/lockstep.h)."""
 
-    def __init__(self, n: int, min_gain: float, settle: int, sample: int, relaxed_sample: int,
-                 revisit: int) -> None: ...
+    def __init__(self, n: int, min_gain: float, settle: int, sample: int, relaxed_sample: int) -> None: ...
     def observe(self, clocks: list[int], interval_ns: list[int], last_push_ns: list[int],
                 finished: list[bool]) -> bool: ...
     @property

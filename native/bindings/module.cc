@@ -279,10 +279,9 @@ PYBIND11_MODULE(_native, m) {
                            "while relaxing is predicted to deliver less than min_gain x lock-step's pushes per second.\n"
                            "Starts in lock-step; settle / sample / relaxed_sample: pushes of every live rank after a\n"
                            "switch before the overheads are sampled / sampled during the first measurement of\n"
-                           "lock-step / of the relaxed rule; revisit: lock-step rounds after which relaxed is\n"
-                           "measured again (doubled after each measurement that ends in lock-step).")
-      .def(py::init<int, double, int64_t, int64_t, int64_t, int64_t>(), py::arg("n"), py::arg("min_gain"),
-           py::arg("settle"), py::arg("sample"), py::arg("relaxed_sample"), py::arg("revisit"))
+                           "lock-step / of the relaxed rule.")
+      .def(py::init<int, double, int64_t, int64_t, int64_t>(), py::arg("n"), py::arg("min_gain"),
+           py::arg("settle"), py::arg("sample"), py::arg("relaxed_sample"))
       .def("observe", &LockstepRule::observe, py::arg("clocks"), py::arg("interval_ns"), py::arg("last_push_ns"),
            py::arg("finished"),
            "One tick's table (per rank: clock, the latest push's step compute time and time in ns, finished).\n"

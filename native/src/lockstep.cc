@@ -9,19 +9,17 @@
 
 namespace hvd_elastic {
 
-LockstepRule::LockstepRule(int n, double min_gain, int64_t settle, int64_t sample, int64_t relaxed_sample,
-                           int64_t revisit)
-    : min_gain_(min_gain), settle_(settle), sample_(sample), relaxed_sample_(relaxed_sample), revisit_(revisit),
-      revisit_after_(revisit), clocks_(n, 0), compute_(n, -1.0), last_push_(n, -1), since_(n, 0),
-      finished_(n, false) {
+LockstepRule::LockstepRule(int n, double min_gain, int64_t settle, int64_t sample, int64_t relaxed_sample)
+    : min_gain_(min_gain), settle_(settle), sample_(sample), relaxed_sample_(relaxed_sample), clocks_(n, 0),
+      compute_(n, -1.0), last_push_(n, -1), since_(n, 0), finished_(n, false) {
   const char* where = "LockstepRule";
   HVD_REQUIRE(n >= 1 && n <= checks::kMaxWorkers, where,
               "n must be in [1, " + std::to_string(checks::kMaxWorkers) + "], got " + std::to_string(n));
   HVD_REQUIRE(std::isfinite(min_gain) && min_gain > 0, where,
               "min_gain must be a finite number > 0, got " + std::to_string(min_gain));
-  HVD_REQUIRE(settle >= 1 && sample >= 1 && relaxed_sample >= 1 && revisit >= 1, where,
-              "settle, sample, relaxed_sample and revisit must be >= 1 push, got " + std::to_string(settle) + ", " +
-                  std::to_string(sample) + ", " + std::to_string(relaxed_sample) + " and " + std::to_string(revisit));
+  HVD_REQUIRE(settle >= 1 && sample >= 1 && relaxed_sample >= 1, where,
+              "settle, sample and relaxed_sample must be >= 1 push, got " + std::to_string(settle) + ", " +
+                  std::to_string(sample) + " and " + std::to_string(relaxed_sample));
 }
 
 bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector<int64_t>& interval_ns,
@@ -59,31 +57,19 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
     round_before_ = round;
   }
   if (in_mode < settle_ || measured_ranks() < 2) return lockstep_;
-  if (lockstep_ && !explored_ && (in_mode < settle_ + sample_ || lock_mean_.value() < 0)) return lockstep_;
-  if (measuring_) {  // relaxed, being measured: `sample` pushes settle a clear loss (fewer pushes per second than
-    // lock-step); a gain near the switch takes `relaxed_sample`, so that one stall cannot decide it
-    if (in_mode < settle_ + sample_ || relax_mean_.value() < 0) return lockstep_;
-    if (in_mode < settle_ + relaxed_sample_ && gain_at(relax_mean_.value()) >= 1.0) return lockstep_;
-    measuring_ = false;
-    explored_ = true;
-    gain_ = gain_at(relax_mean_.value());
-    const bool lost = gain_ < min_gain_ * (1 - kHysteresis);
-    revisit_after_ = lost ? 2 * revisit_after_ : revisit_;   // a measurement that loses waits twice as long
-    if (lost) switch_to(true);
-    return lockstep_;
+  if (!explored_) {  // one measurement of each mode first: lock-step, then relaxed where relaxing can pay
+    if (in_mode < settle_ + sample_ || (lockstep_ ? lock_mean_ : relax_mean_).value() < 0) return lockstep_;
+    // relaxed: `sample` pushes settle a clear loss (fewer pushes per second than lock-step); a gain near the switch
+    // takes `relaxed_sample`, so that one stall cannot decide it
+    if (!lockstep_ && in_mode < settle_ + relaxed_sample_ && gain_at(relax_mean_.value()) >= 1.0) return lockstep_;
+    explored_ = !lockstep_;
   }
-  // In lock-step, the ceiling decides whether measuring relaxed can pay: until it is measured, and again once its
-  // measurement is `revisit_after_` lock-step rounds old (the cost of a mode that is not run is not observed: a slow
-  // stretch would otherwise end relaxing for good).
-  const bool stale = lockstep_ && explored_ && in_mode >= settle_ + revisit_after_;
-  gain_ = gain_at(explored_ && !stale ? relax_mean_.value() : 0);
-  if (lockstep_ && gain_ >= min_gain_ * (1 + kHysteresis)) {
-    measuring_ = !explored_ || stale;
-    if (stale) relax_mean_ = Mean{};
+  // Until relaxed is measured, the gain's ceiling decides whether measuring it can pay.
+  gain_ = gain_at(explored_ ? relax_mean_.value() : 0);
+  if (lockstep_ && gain_ >= min_gain_ * (1 + kHysteresis))
     switch_to(false);
-  } else if (!lockstep_ && gain_ < min_gain_ * (1 - kHysteresis)) {
+  else if (!lockstep_ && gain_ < min_gain_ * (1 - kHysteresis))
     switch_to(true);
-  }
   return lockstep_;
 }
 

@@ -5,7 +5,6 @@ from hvd_elastic import _native as N
 
 MS = 1_000_000
 SETTLE = SAMPLE = RELAXED_SAMPLE = 2     # pushes of every live rank
-REVISIT = 64                             # lock-step rounds
 
 
 class Stream:
@@ -13,7 +12,7 @@ class Stream:
     previous push."""
 
     def __init__(self, n=4, min_gain=1.25):
-        self.rule = N.LockstepRule(n, min_gain, SETTLE, SAMPLE, RELAXED_SAMPLE, REVISIT)
+        self.rule = N.LockstepRule(n, min_gain, SETTLE, SAMPLE, RELAXED_SAMPLE)
         self.clocks = [0] * n
         self.times = [0] * n      # each rank's latest push, ns
         self.finished = [False] * n
@@ -86,7 +85,7 @@ def test_speeds_that_spread_out_later_make_the_ranks_measure_relaxed_and_relax()
 
 def test_the_first_relaxed_measurement_spans_relaxed_sample_pushes_unless_relaxing_loses_outright():
     s = Stream()
-    s.rule = N.LockstepRule(4, 1.25, SETTLE, SAMPLE, 6, REVISIT)
+    s.rule = N.LockstepRule(4, 1.25, SETTLE, SAMPLE, 6)
     s.rounds(4, [30] * 4, [50] * 4)                       # lock-step measured in settle + sample = 4 rounds
     assert s.rule.switch_pushes == [16]
     # relaxed at 43 ms a step: gain 50 / 43 = 1.16, under the switch back (1.25 x 0.95) but above 1: decided after
@@ -95,7 +94,7 @@ def test_the_first_relaxed_measurement_spans_relaxed_sample_pushes_unless_relaxi
     assert s.rounds(1, [30] * 4, [43] * 4) == [True] and s.rule.switch_pushes == [16, 48]
     # relaxing that loses outright (gain 50 / 55 < 1) is decided after settle + sample rounds
     s = Stream()
-    s.rule = N.LockstepRule(4, 1.25, SETTLE, SAMPLE, 6, REVISIT)
+    s.rule = N.LockstepRule(4, 1.25, SETTLE, SAMPLE, 6)
     s.rounds(4, [30] * 4, [50] * 4)
     assert s.rounds(4, [30] * 4, [55] * 4) == [False, False, False, True] and s.rule.switch_pushes == [16, 32]
 
@@ -182,52 +181,17 @@ def test_finished_ranks_are_left_out_and_a_single_live_rank_keeps_the_mode():
     assert s.rule.switches == before and not s.rule.lockstep
 
 
-
-def test_a_slow_stretch_that_sends_relaxed_ranks_back_is_followed_by_a_fresh_measurement_of_relaxed():
-    s = Stream()
-    s.rounds(4, STRAGGLER, LOCKSTEP_STRAGGLER)            # o_L = 5 ms
-    s.rounds(300, STRAGGLER, RELAXED_STRAGGLER)           # o_R = 10 ms, gain 2.0: relaxed
-    # a stretch in which relaxed steps are slow (150 ms more), long enough to move the remembered cost past the switch
-    # back: lock-step (at its usual cost)
-    for _ in range(60):
-        s.rounds(1, STRAGGLER, LOCKSTEP_STRAGGLER if s.rule.lockstep else [p + 150 for p in RELAXED_STRAGGLER])
-    assert s.rule.lockstep and s.rule.switches == 2
-    back = s.rule.switch_pushes[-1]
-    # the stretch is over: lock-step holds for REVISIT rounds (the old measurement says relaxing loses), then the
-    # ceiling sends the ranks to measure relaxed afresh, and they stay relaxed (o_R from the new samples: 10 ms)
-    while s.rule.lockstep and s.rule.pushes < back + 8 * REVISIT:
-        s.rounds(1, STRAGGLER, LOCKSTEP_STRAGGLER)
-    assert s.rule.switches == 3 and s.rule.switch_pushes[-1] == back + 4 * (SETTLE + REVISIT)
-    assert not any(s.rounds(20, STRAGGLER, RELAXED_STRAGGLER)) and s.rule.switches == 3
-    assert s.rule.overhead_relaxed_ns == pytest.approx(10 * MS)
-
-
-def test_each_relaxed_measurement_that_loses_doubles_the_wait_before_the_next():
-    # speeds whose relaxed rule loses outright: lock-step 50 ms a round, relaxed 55 ms a step (gain 0.91), ceiling 1.67
-    s = Stream()
-    entries = []
-    for _ in range(8 * REVISIT):
-        s.rounds(1, [30] * 4, [50] * 4 if s.rule.lockstep else [55] * 4)
-    entries = [p // 4 for p in s.rule.switch_pushes[0::2]]   # rounds at each switch into relaxed
-    gaps = [b - a for a, b in zip(entries, entries[1:])]
-    # each measurement: settle + sample relaxed rounds, then settle + REVISIT x 2^k lock-step rounds
-    assert gaps == [2 * SETTLE + SAMPLE + REVISIT * 2 ** k for k in range(1, len(gaps) + 1)], gaps
-    assert len(gaps) == 2 and s.rule.lockstep
-
-
-@pytest.mark.parametrize("args,match", [((4, 0.0, 8, 8, 8, 8), "min_gain"),
-                                        ((4, float("nan"), 8, 8, 8, 8), "min_gain"),
-                                        ((0, 1.25, 8, 8, 8, 8), "n must be"),
-                                        ((4, 1.25, 0, 8, 8, 8), "settle, sample, relaxed_sample and revisit"),
-                                        ((4, 1.25, 8, 8, 0, 8), "settle, sample, relaxed_sample and revisit"),
-                                        ((4, 1.25, 8, 8, 8, 0), "settle, sample, relaxed_sample and revisit")])
+@pytest.mark.parametrize("args,match", [((4, 0.0, 8, 8, 8), "min_gain"), ((4, float("nan"), 8, 8, 8), "min_gain"),
+                                        ((0, 1.25, 8, 8, 8), "n must be"),
+                                        ((4, 1.25, 0, 8, 8), "settle, sample and relaxed_sample"),
+                                        ((4, 1.25, 8, 8, 0), "settle, sample and relaxed_sample")])
 def test_bad_construction_is_named(args, match):
     with pytest.raises(ValueError, match=match):
         N.LockstepRule(*args)
 
 
 def test_bad_observations_are_named():
-    r = N.LockstepRule(2, 1.25, 8, 8, 8, 8)
+    r = N.LockstepRule(2, 1.25, 8, 8, 8)
     with pytest.raises(ValueError, match="one entry per rank"):
         r.observe([1], [1, 1], [1, 1], [False, False])
     r.observe([3, 3], [MS, MS], [MS, MS], [False, False])

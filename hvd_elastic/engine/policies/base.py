@@ -190,7 +190,6 @@ class Lockstep:
     SAMPLE = 8   # pushes of every rank in the first measurement of lock-step's cost
     RELAXED_SAMPLE = 32   # ... and of the relaxed rule's near the switch (SAMPLE where it loses outright): across
     # hosts the relaxed rule's cost moves with stalls every few seconds, and one must not decide
-    REVISIT = 256   # lock-step rounds after which relaxed is measured again where it can pay (doubled per loss)
 
     def __init__(self, size: int, min_gain: float):
         self.size, self.min_gain = size, min_gain
@@ -199,8 +198,7 @@ class Lockstep:
     def new_rule(self):
         """A rule in its starting state: fed the same tick stream, every copy holds the same mode at the same tick
         (the tick pacing keeps one on the tick thread: engine/pacing.py AutoPacing)."""
-        return _native.LockstepRule(self.size, self.min_gain, self.SETTLE, self.SAMPLE, self.RELAXED_SAMPLE,
-                                    self.REVISIT)
+        return _native.LockstepRule(self.size, self.min_gain, self.SETTLE, self.SAMPLE, self.RELAXED_SAMPLE)
 
     @classmethod
     def build(cls, cfg, size: int, updates) -> Optional["Lockstep"]:

@@ -25,11 +25,7 @@
 // `sample` pushes), then relaxed until o_R is (`settle` + `relaxed_sample`, or + `sample` where relaxing loses
 // outright), then the model decides at every observation. Relaxed is
 // measured only once its gain can reach the switch: while even o_R = 0 (the ceiling) predicts less, as with equal
-// speeds, the ranks stay in lock-step and the ceiling is checked at every observation instead. Back in lock-step,
-// o_R is no longer observed: once the ranks have run `revisit` rounds there (twice as many after each measurement
-// that ended in lock-step, `revisit` again after one that relaxed), a ceiling at the switch has relaxed measured
-// afresh, like the first time (o_R from the new samples alone), so that a slow stretch does not end relaxing for
-// good. Every input
+// speeds, the ranks stay in lock-step and the ceiling is checked at every observation instead. Every input
 // comes from the tick stream, which every rank observes identically in the same order: every rank holds the same
 // state at the same tick, so the ranks switch together.
 #pragma once
@@ -50,11 +46,11 @@ class LockstepRule {
   static constexpr double kLockstepAlpha = 0.05;   // per lock-step round
   static constexpr double kRelaxedAlpha = 0.005;   // per relaxed push
 
-  // min_gain > 0; settle, sample, relaxed_sample, revisit >= 1 (pushes of every live rank): the first measurement of
-  // lock-step samples `sample` pushes, each of the relaxed rule `sample` where it shows a clear loss (gain < 1: fewer
+  // min_gain > 0; settle, sample, relaxed_sample >= 1 (pushes of every live rank): the first measurement of lock-step
+  // samples `sample` pushes, the first of the relaxed rule `sample` where it shows a clear loss (gain < 1: fewer
   // pushes per second than lock-step) and `relaxed_sample` otherwise (longer: a relaxed rule's cost moves more, e.g.
-  // with the network's stalls); `revisit` lock-step rounds make a relaxed measurement old enough to repeat.
-  LockstepRule(int n, double min_gain, int64_t settle, int64_t sample, int64_t relaxed_sample, int64_t revisit);
+  // with the network's stalls, and its first measurement decides whether relaxing is measured again).
+  LockstepRule(int n, double min_gain, int64_t settle, int64_t sample, int64_t relaxed_sample);
 
   // One tick's table: per rank the pushes delivered (clock), the latest push's step compute time and the time of the
   // latest push (ns on one clock per rank; <= 0: not measured yet), finished flags. Returns lockstep() after it.
@@ -81,15 +77,13 @@ class LockstepRule {
   double gain_at(double o_relax) const;  // the model's gain at that o_R (0: its ceiling)
 
   double min_gain_;
-  int64_t settle_, sample_, relaxed_sample_, revisit_;
-  int64_t revisit_after_;          // lock-step rounds before relaxed is measured again (revisit_, doubled per loss)
+  int64_t settle_, sample_, relaxed_sample_;
   std::vector<int64_t> clocks_;
   std::vector<double> compute_;   // c_q, -1 until measured
   std::vector<int64_t> last_push_;  // each rank's latest push time as of the last observation, -1 until known
   bool round_before_ = false;     // the last observation that delivered pushes was a complete round
   bool lockstep_ = true;
   bool explored_ = false;         // both modes measured once: the model decides
-  bool measuring_ = false;        // relaxed, and its cost being measured (the first time, or afresh)
   int64_t pushes_since_switch() const;  // the fewest pushes of a live rank since the last switch
   std::vector<int64_t> since_;    // each rank's clock at the last switch
   std::vector<bool> finished_;   // as of the last observation

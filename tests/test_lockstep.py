@@ -103,6 +103,25 @@ def test_with_equal_speeds_the_ranks_never_leave_lockstep():
     assert all(cc["max_clock_gap"] == 0 for cc in c), c
 
 
+@pytest.mark.parametrize("policy,knobs", [("asp", {}), ("zipline", {"lookahead": 6})], ids=["asp", "zipline"])
+def test_back_in_lockstep_the_ranks_that_ran_ahead_keep_their_lead(policy, knobs):
+    """Rank 3 is 5x slower for its first 70 steps, then as fast as the others: the ranks relax, the fast ones run
+    ahead, and once the speeds are equal the ranks go back to lock-step. Lock-step rounds count from the clocks at
+    that switch: the fast ranks keep their lead and go on at the common pace, instead of idling while rank 3 alone
+    works the lead off (which would bring every rank to nearly the same step count by the end)."""
+    fast, slow = [[0.005]] * 3, [[0.025] * 70 + [0.005] * 5000]
+    run = run_job(policy, fast + slow, target=2000, **knobs)
+    c = run.counters
+    _same_on_every_rank(c)
+    assert c[0]["lockstep_switches"] == 2 and run.engines[0].policy.in_lockstep, c[0]
+    switch_back = c[0]["lockstep_switch_pushes"][1]
+    lead = min(run.steps[:3]) - run.steps[3]
+    assert lead >= 40, (run.steps, c[0]["lockstep_switch_pushes"])
+    # after the switch back every rank ran about as many steps (rounds), whatever its clock at the switch
+    after = [s - o for s, o in zip(run.steps, run.engines[0].policy.lockstep.origin)]
+    assert max(after) - min(after) <= 2 and min(after) >= (2000 - switch_back) // 4 - 2, (after, run.steps)
+
+
 def test_off_the_policy_runs_its_own_rule_alone():
     """HVD_ELASTIC_RELAX_MIN_GAIN=0: no fallback (no counters of it); asp's fast ranks run ahead from the start."""
     run = run_job("asp", [[0.005]] * 3 + [[0.05]], target=300, relax_min_gain=0)

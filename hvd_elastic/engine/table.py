@@ -266,9 +266,10 @@ def lockstep_join_wait_s(meta: np.ndarray, rank: int) -> float:
 
 def observe_lockstep(rule, meta: np.ndarray) -> bool:
     """Feed a lock-step rule (hvd_elastic._native.LockstepRule) one tick's table: each rank's clock, its latest
-    push's step compute time and time, and finished flag. Returns whether the ranks go in lock-step after it."""
+    push's step compute time and time, finished flag and whether it waits in a collective of the script's own.
+    Returns whether the ranks go in lock-step after it."""
     return rule.observe(meta[:, CLOCK].tolist(), meta[:, INTERVAL_NS].tolist(), meta[:, LAST_PUSH_NS].tolist(),
-                        (meta[:, FINISHED] > 0).tolist())
+                        (meta[:, FINISHED] > 0).tolist(), (meta[:, OUTSIDE] > 0).tolist())
 
 
 def chunk_bounds(numel: int) -> List[int]:

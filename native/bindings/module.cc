@@ -283,9 +283,9 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init<int, double, int64_t, int64_t, int64_t>(), py::arg("n"), py::arg("min_gain"),
            py::arg("settle"), py::arg("sample"), py::arg("relaxed_sample"))
       .def("observe", &LockstepRule::observe, py::arg("clocks"), py::arg("interval_ns"), py::arg("last_push_ns"),
-           py::arg("finished"),
-           "One tick's table (per rank: clock, the latest push's step compute time and time in ns, finished).\n"
-           "Returns lockstep.")
+           py::arg("finished"), py::arg("outside") = std::vector<bool>(),
+           "One tick's table (per rank: clock, the latest push's step compute time and time in ns, finished, and\n"
+           "optionally whether it waits in a collective of the script's own). Returns lockstep.")
       .def_property_readonly("lockstep", &LockstepRule::lockstep)
       .def_property_readonly("gain", &LockstepRule::gain,
                              "Predicted pushes per second relaxed / lock-step (its ceiling, at o_R = 0, until the relaxed "
@@ -297,6 +297,9 @@ PYBIND11_MODULE(_native, m) {
                              "Pushes delivered (all ranks) at each switch, in order: even entries into relaxed.")
       .def_property_readonly("lockstep_pushes", &LockstepRule::lockstep_pushes)
       .def_property_readonly("pushes", &LockstepRule::pushes)
+      .def_property_readonly("origin", &LockstepRule::origin,
+                             "Each rank's clock at the last switch or at the latest tick that showed a rank in a\n"
+                             "collective of the script's own (0 before either): lock-step rounds count from it.")
       .def_property_readonly("size", &LockstepRule::size)
       .def_property_readonly("min_gain", &LockstepRule::min_gain);
 

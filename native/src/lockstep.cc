@@ -11,7 +11,7 @@ namespace hvd_elastic {
 
 LockstepRule::LockstepRule(int n, double min_gain, int64_t settle, int64_t sample, int64_t relaxed_sample)
     : min_gain_(min_gain), settle_(settle), sample_(sample), relaxed_sample_(relaxed_sample), clocks_(n, 0),
-      compute_(n, -1.0), last_push_(n, -1), since_(n, 0), finished_(n, false) {
+      compute_(n, -1.0), last_push_(n, -1), since_(n, 0), origin_(n, 0), finished_(n, false) {
   const char* where = "LockstepRule";
   HVD_REQUIRE(n >= 1 && n <= checks::kMaxWorkers, where,
               "n must be in [1, " + std::to_string(checks::kMaxWorkers) + "], got " + std::to_string(n));
@@ -23,10 +23,12 @@ LockstepRule::LockstepRule(int n, double min_gain, int64_t settle, int64_t sampl
 }
 
 bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector<int64_t>& interval_ns,
-                           const std::vector<int64_t>& last_push_ns, const std::vector<bool>& finished) {
+                           const std::vector<int64_t>& last_push_ns, const std::vector<bool>& finished,
+                           const std::vector<bool>& outside) {
   const char* where = "LockstepRule.observe";
   const size_t n = compute_.size();
-  HVD_REQUIRE(clocks.size() == n && interval_ns.size() == n && last_push_ns.size() == n && finished.size() == n,
+  HVD_REQUIRE(clocks.size() == n && interval_ns.size() == n && last_push_ns.size() == n && finished.size() == n &&
+                  (outside.empty() || outside.size() == n),
               where, "every column needs one entry per rank (" + std::to_string(n) + ")");
   std::vector<int64_t> pushed(n, 0);
   std::vector<double> gap(n, -1.0);  // this observation's gap between consecutive pushes of each rank that pushed
@@ -50,6 +52,12 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
   pushes_ += delivered;
   if (lockstep_) lockstep_pushes_ += delivered;
   finished_ = finished;
+  for (size_t q = 0; q < outside.size(); ++q)
+    if (outside[q] && !finished[q]) {  // the script's own collective lines the ranks up: rounds count from here
+      origin_ = clocks_;
+      round_before_ = false;
+      break;
+    }
   const int64_t in_mode = pushes_since_switch();
   if (delivered > 0) {
     const bool round = complete_round(pushed);
@@ -75,7 +83,7 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
 
 void LockstepRule::switch_to(bool lockstep) {
   lockstep_ = lockstep;
-  since_ = clocks_;
+  since_ = origin_ = clocks_;
   round_before_ = false;
   ++switches_;
   switch_pushes_.push_back(pushes_);
@@ -88,16 +96,17 @@ int64_t LockstepRule::pushes_since_switch() const {
   return fewest < 0 ? 0 : fewest;
 }
 
-// A round at a lock-step point: every live rank pushed exactly once in this observation and every live clock is
-// equal after it (so each rank's gap since its previous push is one round, when the observation before was one too).
+// A round at a lock-step point: every live rank pushed exactly once in this observation and every live rank has
+// pushed as many times since origin() after it (so each rank's gap since its previous push is one round, when the
+// observation before was one too).
 bool LockstepRule::complete_round(const std::vector<int64_t>& pushed) const {
-  int64_t clock = -1;
+  int64_t ran = -1;
   for (size_t q = 0; q < pushed.size(); ++q) {
     if (finished_[q]) continue;
-    if (pushed[q] != 1 || (clock >= 0 && clocks_[q] != clock)) return false;
-    clock = clocks_[q];
+    if (pushed[q] != 1 || (ran >= 0 && clocks_[q] - origin_[q] != ran)) return false;
+    ran = clocks_[q] - origin_[q];
   }
-  return clock >= 0;
+  return ran >= 0;
 }
 
 // One sample of the current mode's overhead, where this observation holds one: lock-step, a round between two

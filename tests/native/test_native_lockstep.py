@@ -197,3 +197,20 @@ def test_bad_observations_are_named():
     r.observe([3, 3], [MS, MS], [MS, MS], [False, False])
     with pytest.raises(ValueError, match="clock went back"):
         r.observe([2, 3], [MS, MS], [MS, MS], [False, False])
+
+
+def test_lockstep_rounds_count_from_the_last_switch_or_the_scripts_own_collective():
+    s = Stream()
+    assert s.rule.origin == [0] * 4
+    s.rounds(4, STRAGGLER, LOCKSTEP_STRAGGLER)            # lock-step measured: relaxed from clocks 4
+    assert not s.rule.lockstep and s.rule.origin == [4] * 4
+    for _ in range(10):                                   # relaxed: the fast ranks run three pushes a round ahead
+        s.clocks[:3] = [c + 3 for c in s.clocks[:3]]
+        s.clocks[3] += 1
+        s.times = [t + p * MS for t, p in zip(s.times, [40, 40, 40, 100])]
+        s.observe(STRAGGLER)
+    assert s.rule.origin == [4] * 4
+    assert not s.rule.observe(s.clocks, [30 * MS] * 4, s.times, s.finished, [False, True, False, False])
+    assert s.rule.origin == [34, 34, 34, 14]              # rank 1 waits in a collective of the script's own
+    with pytest.raises(ValueError, match="one entry per rank"):
+        s.rule.observe(s.clocks, [30 * MS] * 4, s.times, s.finished, [False])

@@ -209,7 +209,17 @@ class Lockstep:
         return cls(size, cfg.relax_min_gain)
 
     def holds(self, gate: Gate) -> bool:
-        return not _native.ssp_may_proceed(server_clocks(gate.view, gate.clock), gate.view.size, 0)
+        """SSP with s = 0 on the steps each rank has run since the rule's origin (the switch into lock-step, or the
+        script's own latest collective): a rank that ran ahead while relaxed keeps its lead and waits only for its
+        round, never for the others to catch up with it (the fast ranks would idle while a straggler alone works off
+        the lead)."""
+        return not _native.ssp_may_proceed(server_clocks(gate.view, gate.clock, self.origin, gate.rank),
+                                           gate.view.size, 0)
+
+    @property
+    def origin(self) -> np.ndarray:
+        """Where lock-step rounds count from (LockstepRule.origin; the same on every rank)."""
+        return np.asarray(self.rule.origin, np.int64)
 
     def counters(self) -> Dict:
         r = self.rule
@@ -220,14 +230,16 @@ class Lockstep:
                 "relaxed_overhead_ms": round(r.overhead_relaxed_ns / 1e6, 2)}
 
 
-def server_clocks(view: GlobalView, own_clock: int):
+def server_clocks(view: GlobalView, own_clock: int, origin: Optional[np.ndarray] = None, rank: int = 0):
     """The clocks a staleness rule compares, as a parameter server would hold them: every rank's clock as delivered
     by the ticks (this rank included), plus one extra entry (index n) for this rank's own clock, which counts the
     pushes the ticks have not delivered yet. Staleness of entry n = own clock - min over delivered clocks, so a rank
     never runs ahead of updates it has not seen applied -- its own included (that is what makes s = 0 exactly BSP).
     A rank that has finished training pushes nothing more, so it no longer holds anyone back: its entry reads as the
-    largest clock present."""
+    largest clock present. With `origin` (per rank), clocks count from it (this rank, `rank`, at origin[rank])."""
     clocks = [int(c) for c in view.clocks] + [int(own_clock)]
+    if origin is not None:
+        clocks = [c - int(o) for c, o in zip(clocks, list(origin) + [origin[rank]])]
     if view.finished.any():
         top = max(clocks)
         clocks = [top if q < view.size and view.finished[q] else c for q, c in enumerate(clocks)]

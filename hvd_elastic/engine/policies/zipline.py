@@ -74,16 +74,17 @@ class Zipline(Policy):
 
     def _lockstep_superstep(self, view) -> bool:
         """While the ranks go in lock-step (the fallback, base.Lockstep), ZipLine places no barrier: every round
-        ends with the ranks lined up, and a superstep ends there (a lock-step point: all clocks equal; no replica
-        check). A rank catching up after the switch stops at R iterations (bounds_lockstep); where a rank at the
-        slowest clock, which the others wait for, has stopped so, a barrier ends the superstep at the clocks as they
-        stand."""
+        ends with the ranks lined up, and a superstep ends there (a lock-step point: every rank has run as many steps
+        since the switch into lock-step; no replica check). A rank still finishing its first round after the switch
+        stops at R iterations (bounds_lockstep); where a rank behind in that round, which the others wait for, has
+        stopped so, a barrier ends the superstep at the clocks as they stand."""
         self.targets = None
-        if (view.clocks == view.clocks[0]).all():
+        lined = view.clocks - self.lockstep.origin
+        if (lined == lined[0]).all():
             self._end_superstep(view)
             return False
         ran = view.clocks - self.origin
-        if int(ran[view.clocks == view.clocks.min()].max()) < self.R:
+        if int(ran[lined == lined.min()].max()) < self.R:
             return False
         self.forced += 1
         self._end_superstep(view)

@@ -10,8 +10,8 @@
 //        tick delivers several pushes of q),
 //   o_L  lock-step's cost per round beyond the slowest rank's compute: mean_q g_q - max_q INTERVAL_q over one round,
 //        sampled only from a round that starts and ends at a lock-step point (every live rank pushed exactly once in
-//        the tick before and in this one, and every live clock is equal after each), so a gap that holds the wait
-//        for a rank catching up after a switch is never counted as lock-step's cost,
+//        the tick before and in this one, and as many times since the switch after each), so the first, uneven
+//        round after a switch is never counted as lock-step's cost,
 //   o_R  the relaxed rule's cost per step beyond a rank's compute: g_q - INTERVAL_q, sampled per push while relaxed
 //        and averaged over pushes (a tick that delivers three pushes weighs three times one that delivers the
 //        straggler's alone), so sum_q 1 / (c_q + o_R) is the pushes per second the ranks really made,
@@ -53,9 +53,11 @@ class LockstepRule {
   LockstepRule(int n, double min_gain, int64_t settle, int64_t sample, int64_t relaxed_sample);
 
   // One tick's table: per rank the pushes delivered (clock), the latest push's step compute time and the time of the
-  // latest push (ns on one clock per rank; <= 0: not measured yet), finished flags. Returns lockstep() after it.
+  // latest push (ns on one clock per rank; <= 0: not measured yet), finished flags, and (optional: empty = none)
+  // whether the rank waits in a collective of the script's own. Returns lockstep() after it.
   bool observe(const std::vector<int64_t>& clocks, const std::vector<int64_t>& interval_ns,
-               const std::vector<int64_t>& last_push_ns, const std::vector<bool>& finished);
+               const std::vector<int64_t>& last_push_ns, const std::vector<bool>& finished,
+               const std::vector<bool>& outside = {});
 
   bool lockstep() const { return lockstep_; }
   double gain() const { return gain_; }  // the latest prediction (its ceiling until o_R is measured); 0 until o_L is
@@ -65,6 +67,11 @@ class LockstepRule {
   const std::vector<int64_t>& switch_pushes() const { return switch_pushes_; }  // pushes() at each switch
   int64_t lockstep_pushes() const { return lockstep_pushes_; }  // pushes delivered while in lock-step
   int64_t pushes() const { return pushes_; }
+  // Where lock-step rounds count from: each rank's clock (pushes delivered) at the last switch, or at the latest tick
+  // that showed a live rank waiting in a collective of the script's own (the script lines the ranks up there); 0
+  // before either. So a rank that ran ahead while relaxed keeps its lead instead of waiting for the others to catch
+  // up with it -- unless the script's own collective makes it wait for them, and then the rounds start after it.
+  const std::vector<int64_t>& origin() const { return origin_; }
   int size() const { return static_cast<int>(compute_.size()); }
   double min_gain() const { return min_gain_; }
 
@@ -86,6 +93,7 @@ class LockstepRule {
   bool explored_ = false;         // both modes measured once: the model decides
   int64_t pushes_since_switch() const;  // the fewest pushes of a live rank since the last switch
   std::vector<int64_t> since_;    // each rank's clock at the last switch
+  std::vector<int64_t> origin_;   // origin()
   std::vector<bool> finished_;   // as of the last observation
   int64_t pushes_ = 0, lockstep_pushes_ = 0, switches_ = 0;
   std::vector<int64_t> switch_pushes_;

@@ -113,7 +113,7 @@ class Policy:
 
     def bounds_lockstep(self, gate: Gate) -> bool:
         """The part of the policy's rule that still holds a rank while the ranks go in lock-step (zipline: its
-        bound of R iterations, for a rank catching up after the switch); none by default."""
+        bound of R iterations, for a rank still finishing its first round after the switch); none by default."""
         return False
 
     @property
@@ -183,7 +183,8 @@ class Lockstep:
     """The lock-step fallback of the gradient policies (HVD_ELASTIC_RELAX_MIN_GAIN; the rule:
     native/include/hvd_elastic/lockstep.h): while relaxing is predicted to deliver fewer than min_gain times the
     pushes per second of lock-step, every rank goes at BSP's pace -- it starts a step only once every rank has
-    pushed as many updates as it has (SSP with s = 0, which is BSP) -- whatever the policy's own rule would allow.
+    pushed as many updates as it has since the rule's origin (SSP with s = 0, which is BSP) -- whatever the
+    policy's own rule would allow.
     The mode is a function of the tick stream, so every rank is in the same mode at the same tick."""
 
     SETTLE = 8   # pushes of every rank after a switch before the overheads are sampled (the first carry the old mode)

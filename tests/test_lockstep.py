@@ -9,7 +9,10 @@ import pytest
 
 from harness import bsp_reference, run_job
 from hvd_elastic.engine import pacing
+from hvd_elastic.config import Config
+from hvd_elastic.engine.policies import Gate, make_policy
 from hvd_elastic.engine.policies.base import Lockstep
+from hvd_elastic.engine.view import GlobalView
 from hvd_elastic.engine.table import LOCKSTEP_RECHECK_S
 from test_engine import SCHEDULES
 
@@ -120,6 +123,23 @@ def test_back_in_lockstep_the_ranks_that_ran_ahead_keep_their_lead(policy, knobs
     # after the switch back every rank ran about as many steps (rounds), whatever its clock at the switch
     after = [s - o for s, o in zip(run.steps, run.engines[0].policy.lockstep.origin)]
     assert max(after) - min(after) <= 2 and min(after) >= (2000 - switch_back) // 4 - 2, (after, run.steps)
+
+
+@pytest.mark.parametrize("relax_min_gain,waits", [(1.25, False), (0, True)], ids=["lock-step", "relaxed"])
+def test_peer_alignment_holds_no_rank_in_lockstep(relax_min_gain, waits):
+    """A peer as fast as this rank, behind it in clock and due within the peer wait: relaxed, the rank waits for it
+    (peer alignment); in lock-step it does not -- the round lines the ranks up, and a peer behind in clock there is
+    one that ran fewer steps while relaxed (held for it, the rank's thread would join the next tick without its push
+    and split the round)."""
+    policy = make_policy(Config.from_env({}, policy="asp", relax_min_gain=relax_min_gain), 0, 2)
+    assert policy.in_lockstep is (relax_min_gain > 0)
+    view = GlobalView(2)
+    view.clocks[:] = [10, 7]
+    view.interval_ns[:] = 20_000_000
+    view.period_ns[:] = 22_000_000
+    view.last_push_ns[:] = [1_000_000_000, 990_000_000]
+    gate = Gate(view, 0, clock=10, interval_ns=20_000_000, last_push_ns=1_000_000_000, now_ns=1_005_000_000)
+    assert policy.waits_for_peers(gate) is waits
 
 
 def test_off_the_policy_runs_its_own_rule_alone():

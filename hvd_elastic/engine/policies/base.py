@@ -148,9 +148,10 @@ class Policy:
         and a peer slowed down since its last push only until it is overdue. Slower ranks are never waited for:
         that is the rule's business. With own pushes allowed in flight (gate.inflight = k > 0) the peers' pushes of
         the last k rounds are in flight beside this rank's own: a peer is behind only if its delivered clock is
-        behind this rank's clock less k."""
+        behind this rank's clock less k. Not in lock-step: its rounds line the ranks up already (and a peer behind
+        in clock there is one that ran fewer steps while relaxed, which it never makes up)."""
         left_s = self.peer_wait_s(gate) - gate.peer_waited_s
-        if not self.updates.align_peers or left_s <= 0:
+        if not self.updates.align_peers or left_s <= 0 or self.in_lockstep:
             return False
         view, mine = gate.view, gate.interval_ns
         origin = self.clock_origin()

@@ -52,17 +52,17 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
   pushes_ += delivered;
   if (lockstep_) lockstep_pushes_ += delivered;
   finished_ = finished;
-  for (size_t q = 0; q < outside.size(); ++q)
-    if (outside[q] && !finished[q]) {  // the script's own collective lines the ranks up: rounds count from here
-      origin_ = clocks_;
-      round_before_ = false;
-      break;
-    }
+  bool in_call = false;   // a live rank waits in a collective of the script's own
+  for (size_t q = 0; q < outside.size(); ++q) in_call = in_call || (outside[q] && !finished[q]);
   const int64_t in_mode = pushes_since_switch();
   if (delivered > 0) {
     const bool round = complete_round(pushed);
     if (in_mode >= settle_) sample_overhead(gap, pushed, interval_ns, round && round_before_);
     round_before_ = round;
+  }
+  if (in_call) {  // the script's collective lines the ranks up: rounds count from here, and the next one holds it
+    origin_ = clocks_;
+    round_before_ = false;
   }
   if (in_mode < settle_ || measured_ranks() < 2) return lockstep_;
   if (!explored_) {  // one measurement of each mode first: lock-step, then relaxed where relaxing can pay

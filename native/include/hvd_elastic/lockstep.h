@@ -10,8 +10,9 @@
 //        tick delivers several pushes of q),
 //   o_L  lock-step's cost per round beyond the slowest rank's compute: mean_q g_q - max_q INTERVAL_q over one round,
 //        sampled only from a round that starts and ends at a lock-step point (every live rank pushed exactly once in
-//        the tick before and in this one, and as many times since the switch after each), so the first, uneven
-//        round after a switch is never counted as lock-step's cost,
+//        the tick before and in this one, and as many times since origin() after each), so neither the first,
+//        uneven round after a switch nor a round that holds a collective of the script's own is counted as
+//        lock-step's cost,
 //   o_R  the relaxed rule's cost per step beyond a rank's compute: g_q - INTERVAL_q, sampled per push while relaxed
 //        and averaged over pushes (a tick that delivers three pushes weighs three times one that delivers the
 //        straggler's alone), so sum_q 1 / (c_q + o_R) is the pushes per second the ranks really made,

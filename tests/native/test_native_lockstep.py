@@ -214,3 +214,16 @@ def test_lockstep_rounds_count_from_the_last_switch_or_the_scripts_own_collectiv
     assert s.rule.origin == [34, 34, 34, 14]              # rank 1 waits in a collective of the script's own
     with pytest.raises(ValueError, match="one entry per rank"):
         s.rule.observe(s.clocks, [30 * MS] * 4, s.times, s.finished, [False])
+
+
+def test_a_round_that_holds_a_collective_of_the_scripts_own_is_not_lockstep_cost():
+    s = Stream()
+    assert all(s.rounds(6, [30] * 4, [35] * 4))            # equal speeds: lock-step, o_L = 5 ms
+    # a round ends with rank 2 inside a collective of the script's own; the next round's gaps hold the call (1 s)
+    s.clocks = [c + 1 for c in s.clocks]
+    s.times = [t + 35 * MS for t in s.times]
+    s.rule.observe(s.clocks, [30 * MS] * 4, s.times, s.finished, [False, False, True, False])
+    s.rounds(1, [30] * 4, [1035] * 4)
+    assert s.rule.overhead_lockstep_ns == pytest.approx(5 * MS)
+    s.rounds(2, [30] * 4, [37] * 4)                       # the rounds after it are sampled again
+    assert s.rule.overhead_lockstep_ns > 5 * MS

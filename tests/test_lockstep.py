@@ -11,7 +11,7 @@ from harness import bsp_reference, run_job
 from hvd_elastic.engine import pacing
 from hvd_elastic.config import Config
 from hvd_elastic.engine.policies import Gate, make_policy
-from hvd_elastic.engine.policies.base import Lockstep
+from hvd_elastic.engine.policies.base import Lockstep, server_clocks
 from hvd_elastic.engine.view import GlobalView
 from hvd_elastic.engine.table import LOCKSTEP_RECHECK_S
 from test_engine import SCHEDULES
@@ -140,6 +140,18 @@ def test_peer_alignment_holds_no_rank_in_lockstep(relax_min_gain, waits):
     view.last_push_ns[:] = [1_000_000_000, 990_000_000]
     gate = Gate(view, 0, clock=10, interval_ns=20_000_000, last_push_ns=1_000_000_000, now_ns=1_005_000_000)
     assert policy.waits_for_peers(gate) is waits
+
+
+def test_server_clocks_count_from_the_origin_with_the_own_entry_at_the_ranks_origin():
+    """Clocks since the origin: every delivered clock less its rank's origin, and this rank's own clock (entry n)
+    less its own origin -- so an origin without the rank it belongs to is refused, not read as rank 0's."""
+    view = GlobalView(3)
+    view.clocks[:] = [50, 12, 30]
+    origin = np.array([40, 10, 25])
+    assert server_clocks(view, 52) == [50, 12, 30, 52]
+    assert server_clocks(view, 33, origin, rank=2) == [10, 2, 5, 8]
+    with pytest.raises(TypeError, match="rank"):
+        server_clocks(view, 33, origin)
 
 
 def test_off_the_policy_runs_its_own_rule_alone():

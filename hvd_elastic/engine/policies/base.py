@@ -232,7 +232,8 @@ class Lockstep:
                 "relaxed_overhead_ms": round(r.overhead_relaxed_ns / 1e6, 2)}
 
 
-def server_clocks(view: GlobalView, own_clock: int, origin: Optional[np.ndarray] = None, rank: int = 0):
+def server_clocks(view: GlobalView, own_clock: int, origin: Optional[np.ndarray] = None,
+                  rank: Optional[int] = None):
     """The clocks a staleness rule compares, as a parameter server would hold them: every rank's clock as delivered
     by the ticks (this rank included), plus one extra entry (index n) for this rank's own clock, which counts the
     pushes the ticks have not delivered yet. Staleness of entry n = own clock - min over delivered clocks, so a rank
@@ -241,6 +242,8 @@ def server_clocks(view: GlobalView, own_clock: int, origin: Optional[np.ndarray]
     largest clock present. With `origin` (per rank), clocks count from it (this rank, `rank`, at origin[rank])."""
     clocks = [int(c) for c in view.clocks] + [int(own_clock)]
     if origin is not None:
+        if rank is None:
+            raise TypeError("server_clocks: an origin needs the rank whose own clock it offsets")
         clocks = [c - int(o) for c, o in zip(clocks, list(origin) + [origin[rank]])]
     if view.finished.any():
         top = max(clocks)

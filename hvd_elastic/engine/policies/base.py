@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
@@ -215,7 +215,7 @@ class Lockstep:
         script's own latest collective): a rank that ran ahead while relaxed keeps its lead and waits only for its
         round, never for the others to catch up with it (the fast ranks would idle while a straggler alone works off
         the lead)."""
-        return not _native.ssp_may_proceed(server_clocks(gate.view, gate.clock, self.origin, gate.rank),
+        return not _native.ssp_may_proceed(server_clocks(gate.view, gate.clock, self.rule.origin, gate.rank),
                                            gate.view.size, 0)
 
     @property
@@ -232,7 +232,7 @@ class Lockstep:
                 "relaxed_overhead_ms": round(r.overhead_relaxed_ns / 1e6, 2)}
 
 
-def server_clocks(view: GlobalView, own_clock: int, origin: Optional[np.ndarray] = None,
+def server_clocks(view: GlobalView, own_clock: int, origin: Optional[Sequence[int]] = None,
                   rank: Optional[int] = None):
     """The clocks a staleness rule compares, as a parameter server would hold them: every rank's clock as delivered
     by the ticks (this rank included), plus one extra entry (index n) for this rank's own clock, which counts the

@@ -9,8 +9,8 @@ native module:
   step time in ns, b_p, whether the batch starts a pass over the data) rides in the same buffer as exact 16-bit
   pieces (``engine.table.encode_meta``). The applied gradient is ``sum_p b_p g_p / sum_p b_p``: the gradient of
   one process over the whole global batch. :meth:`LbbspController.step_overlapped` (torch) reduces each gradient
-  as backward produces it and submits the table with the first one (Horovod fuses them), so it carries the
-  previous step's time and the sizes follow one step later.
+  as backward produces it and submits the table just before the last one (Horovod fuses them), once this step's
+  compute is known, so the sizes follow this step's times as in :meth:`LbbspController.step`.
 - :meth:`LbbspController.update` -- the next sizes, from the table every rank received (so every rank feeds the
   same inputs to the native rule and gets the same sizes): cpu mode ``lbbsp_batch_sizes_cpu`` over the throughput
   ``v_p = 1 / predicted per-sample time`` (predictor ``HVD_ELASTIC_PREDICTOR`` over each rank's per-sample time
@@ -34,7 +34,6 @@ from .errors import ConfigError, HvdElasticError
 from .predictors import predict_interval
 
 _META = 3                      # columns of the metadata table: step time (ns), samples, first step of a pass
-_LAGGED = _META + 1            # the overlapped step's table: the previous step's _META columns + this step's samples
 HISTORY = 32                   # per-sample times kept per rank for the cpu-mode predictor
 TRACE_LIMIT = 2000             # most size changes kept in the report trace
 
@@ -92,7 +91,6 @@ class LbbspController:
         self._block: List[int] = []
         self.buffer: Optional[np.ndarray] = None   # [b_p * g_p | n x _META table], see bind()
         self.numel = 0
-        self._previous = (0, 0, 1)         # the overlapped step's lagged row (lagged_row): none before step 0
         self._publish()
 
     def bind(self, numel: int, dtype) -> np.ndarray:
@@ -143,37 +141,29 @@ class LbbspController:
         session.telemetry.add_step(compute + (t2 - t1), blocked)
         session.last_step_end = t2
 
-    def lagged_row(self, dtype) -> np.ndarray:
-        """This rank's row of the overlapped step's table (:meth:`step_overlapped`), zeros elsewhere: the previous
-        step's (step ns, samples, pass start) -- its time is known only once that step ended -- and this step's
-        samples. The frontend submits its Sum-allreduce with the step's first gradient, in the gradients' `dtype`
-        (float32 or float64: the 16-bit pieces are exact in both), so Horovod can fuse it with the gradients that are
-        ready in the same cycle instead of running one more collective (it fuses only tensors of one dtype). The
-        first step's row is marked as a pass start: it carries no time (and the second's time includes the start-up),
-        neither is a speed."""
-        words = np.zeros(self.size * _LAGGED * META_PIECES, dtype)
-        r0 = self.rank * _LAGGED * META_PIECES
-        encode_meta(np.array([*self._previous, self.local_batch()], np.int64),
-                    words[r0:r0 + _LAGGED * META_PIECES])
+    def row(self, compute_s: float, dtype) -> np.ndarray:
+        """This rank's row of the step's table (:meth:`encode_row`) in a new array of `dtype`, for a frontend that
+        submits the table on its own: in the gradients' dtype (float32 or float64: the 16-bit pieces are exact in
+        both) Horovod can fuse it with the gradients that are ready in the same cycle instead of running one more
+        collective (it fuses only tensors of one dtype)."""
+        words = np.zeros(self.size * _META * META_PIECES, dtype)
+        self.encode_row(compute_s, words)
         return words
 
-    def step_overlapped(self, session, wait_table: Callable[[], np.ndarray], wait_gradients: Callable[[], None],
-                        apply: Callable[[int], None]):
-        """One lbbsp step of a frontend whose weighted gradients b_p g_p and :meth:`lagged_row` table were
-        submitted for reduction during backward (per-parameter hooks, as Horovod overlaps bsp): this rank's compute
-        time (with the emulated per-sample delay), `wait_table()` for the summed table words, `wait_gradients()`
-        for the summed b_p g_p, `apply(B)` (divide by the global batch B = sum_p b_p, then the user's optimizer
-        step), the next sizes from the previous step's times (one step later than :meth:`step`: the price of
-        not running a collective of its own), the step's telemetry."""
-        compute = session.begin_step(samples=self.local_batch())
+    def step_overlapped(self, session, compute: float, wait_table: Callable[[], np.ndarray],
+                        wait_gradients: Callable[[], None], apply: Callable[[int], None]):
+        """One lbbsp step of a frontend whose weighted gradients b_p g_p were submitted for reduction during
+        backward (per-parameter hooks, as Horovod overlaps bsp) and whose :meth:`row` went out with the last of
+        them: `compute` is this rank's compute time of the step (with the emulated per-sample delay) up to now,
+        `wait_table()` returns the summed table words, `wait_gradients()` waits for the summed b_p g_p, `apply(B)`
+        divides by the global batch B = sum_p b_p and runs the user's optimizer step; then the next sizes from this
+        step's times, and the step's telemetry."""
         t0 = time.perf_counter()
-        table = decode_meta(wait_table(), self.size, _LAGGED)
+        table = self.decode_table(wait_table())
         wait_gradients()
         t1 = time.perf_counter()
-        apply(int(table[:, _META].sum()))
-        mine = int(compute * 1e9)
-        self._previous = (mine, self.local_batch(), int(self.pass_start or self.steps == 0))
-        self.update(table[:, :_META], mine_ns=mine)
+        apply(int(table[:, 1].sum()))
+        self.update(table)
         t2 = time.perf_counter()
         session.telemetry.add_step(compute + (t2 - t1), t1 - t0)
         session.last_step_end = t2
@@ -181,10 +171,9 @@ class LbbspController:
     def local_batch(self) -> int:
         return self.drawn if self.drawn is not None else self.sizes[self.rank]
 
-    def update(self, meta: np.ndarray, mine_ns: Optional[int] = None):
+    def update(self, meta: np.ndarray):
         """One iteration boundary: meta[p] = (step ns, samples, pass start) of every rank; decide the next sizes
-        (from the table only, so every rank decides the same). `mine_ns`: this rank's step time for its telemetry
-        when the table's is an earlier step's (default: the table's)."""
+        (from the table only, so every rank decides the same)."""
         step_ns, samples = meta[:, 0], meta[:, 1]
         if self.steps == 0 or meta[:, 2].any():
             # The first step's time includes each rank's start-up since the optimizer was built, and the first step
@@ -208,7 +197,7 @@ class LbbspController:
             new = list(_native.lbbsp_resize_cpu(throughput, self.sizes, self.batch_size, self.caps,
                                                 self.cfg.lbbsp_tolerance))
         self.steps += 1
-        mine = int(step_ns[self.rank]) if mine_ns is None else int(mine_ns)
+        mine = int(step_ns[self.rank])
         self.step_ns_sum += mine
         self._block.append(mine)
         if len(self._block) == 10:

@@ -3,8 +3,9 @@
 - every step's batch sizes sum to the global batch B (recorded by every rank: every rank sees the same sizes);
 - within an epoch every sample is processed exactly once across ranks (every rank records its indices);
 - the applied gradient equals one process's gradient over the same global batch (rank 0 recomputes it);
-- under a 3x straggler (per-sample emulated delay) the sizes approach the speed ratio and the fast ranks' wait
-  share falls well below bsp's with the same straggler; when the straggler recovers the sizes follow;
+- under a 3x straggler (per-sample emulated delay) the sizes approach the speed ratio, from the step after the first
+  timed one, and the fast ranks' wait share falls well below bsp's with the same straggler; when the straggler
+  recovers the sizes follow;
 - the sampler's order is torch's DistributedSampler's (whatever the sizes, the same global batches);
 - drawing batches ahead of the steps (DataLoader workers prefetching) is refused;
 - bad input (B below the number of ranks, caps that cannot hold B, a dataset smaller than B) stops every rank with
@@ -126,6 +127,8 @@ def test_straggler_sizes_follow_speed_ratio_then_recovery_and_fast_ranks_stop_wa
     counters = lb[0]["report"]["ranks"][3]["counters"]
     assert counters["lbbsp_size_min"] < 10 and counters["lbbsp_resizes"] > 0
     assert counters["lbbsp_trace"]["size_changes"][0] == [0, 16]
+    # the sizes follow each step's own times: step 0 (start-up) is not a speed, step 1's re-sizes step 2
+    assert counters["lbbsp_trace"]["size_changes"][1][0] == 2, counters["lbbsp_trace"]["size_changes"][:4]
 
 
 # A bad setting found at start-up (check_settings: the same inputs on every rank, so every rank raises the same

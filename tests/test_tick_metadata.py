@@ -253,7 +253,7 @@ def test_zipline_first_barrier_of_ranks_within_the_exit_speed_goes_to_the_bound(
         assert pol.at_bound == 0 and len(pol.spreads_ns) == 1 and pol.targets is not None
 
 
-def test_lbbsp_lagged_rows_in_float32_sum_to_every_rank_row():
+def test_lbbsp_rows_in_float32_sum_to_every_rank_row():
     """The PyTorch lbbsp step submits its table in the gradients' dtype (float32 here) so Horovod fuses it with
     them: the Sum of the ranks' rows still decodes exactly, step times of minutes in ns included."""
     from hvd_elastic.config import Config
@@ -264,10 +264,10 @@ def test_lbbsp_lagged_rows_in_float32_sum_to_every_rank_row():
     size = 4
     cfg = Config.from_env({}, policy="lbbsp", global_batch=128)
     ctls = [LbbspController(cfg, rank, size, Telemetry(rank, size, "lbbsp")) for rank in range(size)]
-    previous = [(183_000_000_000 + 7 * r, 30 + r, r % 2) for r in range(size)]
-    for ctl, row in zip(ctls, previous):
-        ctl._previous = row
-    rows = [ctl.lagged_row(np.float32) for ctl in ctls]
-    assert all(r.dtype == np.float32 and len(r) == size * 4 * META_PIECES for r in rows)
-    table = decode_meta(np.sum(rows, axis=0), size, 4)
-    assert table.tolist() == [[*previous[r], ctls[r].local_batch()] for r in range(size)]
+    for r, ctl in enumerate(ctls):
+        ctl.drawn, ctl.pass_start = 30 + r, bool(r % 2)
+    compute_s = [183.0 + 7e-9 * r for r in range(size)]
+    rows = [ctl.row(s, np.float32) for ctl, s in zip(ctls, compute_s)]
+    assert all(r.dtype == np.float32 and len(r) == size * 3 * META_PIECES for r in rows)
+    table = decode_meta(np.sum(rows, axis=0), size, 3)
+    assert table.tolist() == [[int(compute_s[r] * 1e9), 30 + r, r % 2] for r in range(size)]

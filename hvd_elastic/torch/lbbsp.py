@@ -13,6 +13,7 @@ Example::
 """
 from __future__ import annotations
 
+import time
 from typing import List
 
 import horovod.torch as hvd
@@ -26,17 +27,20 @@ from .wrapping import refuse_sparse_gradients, refuse_unsupported_arguments, wra
 class _Overlap:
     """LB-BSP's exchange overlapped with backward, as Horovod overlaps bsp: a post-accumulate-grad hook per
     parameter scales its gradient by this rank's batch size b_p and submits its Sum allreduce at once (Horovod
-    negotiates by name, so the order in which gradients become ready may differ across ranks); the first one also
-    submits the small table of the previous step's (step time, b_p, pass start) and this step's b_p
-    (LbbspController.lagged_row) in the gradients' dtype, so Horovod can fuse it with the gradients; step() waits
-    for both and divides the gradients by B = sum_p b_p. One backward per step: a second gradient of the same
-    parameter before step() is an error."""
+    negotiates by name, so the order in which gradients become ready may differ across ranks). Before the last one,
+    backward is all but done: the step's compute is measured there (Session.begin_step, which also sleeps an
+    emulated delay, where a slower device would spend it) and this rank's row of the small table (step time, b_p,
+    pass start; LbbspController.row) is submitted in the gradients' dtype, so Horovod can fuse it with that last
+    gradient and the next sizes follow this step's times. step() waits for both and divides the gradients by
+    B = sum_p b_p. One backward per step: a second gradient of the same parameter before step() is an error."""
 
-    def __init__(self, optimizer, ctl: LbbspController, params, dtype):
-        self.optimizer, self.ctl, self.params = optimizer, ctl, params
+    def __init__(self, optimizer, session, params, dtype):
+        self.optimizer, self.session, self.ctl, self.params = optimizer, session, session.lbbsp, params
         self.dtype = dtype      # the table's words: the gradients' numpy twin (float32 for 16-bit gradients)
         self.handles = {}
-        self.table = None       # (tensor, handle) of this step's table allreduce, submitted with the first gradient
+        self.table = None       # (tensor, handle) of this step's table allreduce, submitted before the last gradient
+        self.compute = 0.0      # this step's compute up to the table's submission, and when that was
+        self.measured_at = 0.0
         self._index = {id(p): i for i, p in enumerate(params)}
         self.hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in params]
 
@@ -45,12 +49,17 @@ class _Overlap:
         name = self.optimizer._parameter_names.get(p)
         return name if name is not None else f"p{self._index[id(p)]}"
 
+    def _submit_table(self):
+        self.compute = self.session.begin_step(samples=self.ctl.local_batch())
+        self.measured_at = time.perf_counter()
+        words = torch.from_numpy(self.ctl.row(self.compute, self.dtype))
+        self.table = words, hvd.allreduce_async_(words, op=hvd.Sum, name="hvd_elastic.lbbsp.table")
+
     def _submit(self, p):
         if p.grad.is_sparse:
             refuse_sparse_gradients(self.optimizer, "lbbsp")
-        if self.table is None:
-            words = torch.from_numpy(self.ctl.lagged_row(self.dtype))
-            self.table = words, hvd.allreduce_async_(words, op=hvd.Sum, name="hvd_elastic.lbbsp.table")
+        if len(self.handles) == len(self.params) - 1:
+            self._submit_table()
         p.grad.mul_(self.ctl.local_batch())
         self.handles[p] = hvd.allreduce_async_(p.grad, op=hvd.Sum, name=f"hvd_elastic.lbbsp.{self._name(p)}")
 
@@ -61,13 +70,15 @@ class _Overlap:
                                   f"backward_passes_per_step, is policy bsp only)")
         self._submit(p)
 
-    def step(self, session):
+    def step(self):
         with torch.no_grad():
             for p in self.params:        # parameters without a gradient this step add zeros, on every rank alike
                 if p not in self.handles:
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
                     self._submit(p)
+        # the step's compute: up to the table's submission, and what the script did from then until step()
+        compute = self.compute + (time.perf_counter() - self.measured_at)
 
         def wait_table():
             words, handle = self.table
@@ -85,7 +96,7 @@ class _Overlap:
                 torch._foreach_div_([p.grad for p in self.params], total)
             self.optimizer._hvd_elastic_inner_step()
 
-        self.ctl.step_overlapped(session, wait_table, wait_gradients, apply)
+        self.ctl.step_overlapped(self.session, compute, wait_table, wait_gradients, apply)
 
 
 def _lbbsp_step(self, closure=None):
@@ -96,7 +107,7 @@ def _lbbsp_step(self, closure=None):
     if closure is not None:
         with torch.enable_grad():
             loss = closure()
-    self._hvd_elastic_overlap.step(self._hvd_elastic)
+    self._hvd_elastic_overlap.step()
     return loss
 
 
@@ -115,7 +126,7 @@ def build_lbbsp(optimizer, session, *, compression, op, gradient_predivide_facto
     wrap_class(optimizer, _lbbsp_step)
     optimizer._hvd_elastic_flat = flat
     flat.broadcast_weights(root_rank=0)
-    optimizer._hvd_elastic_overlap = _Overlap(optimizer, session.lbbsp, flat.params, flat.dtype)
+    optimizer._hvd_elastic_overlap = _Overlap(optimizer, session, flat.params, flat.dtype)
     return optimizer
 
 

@@ -93,8 +93,8 @@ POLICIES: Dict[str, Optional[Dict[str, str]]] = {
                          "HVD_ELASTIC_TICK_PACING": "join"},
     "zipline-R15-probe": {"HVD_ELASTIC_POLICY": "zipline", "HVD_ELASTIC_LOOKAHEAD": "15",
                           "HVD_ELASTIC_TICK_PACING": "probe"},
-    "lbbsp": {"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_PREDICTOR": "ewma"},
-    "lbbsp-last": {"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_PREDICTOR": "last"},
+    "lbbsp": {"HVD_ELASTIC_POLICY": "lbbsp"},
+    "lbbsp-ewma": {"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_PREDICTOR": "ewma"},
     "lbbsp-tol15": {"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_PREDICTOR": "ewma",
                     "HVD_ELASTIC_LBBSP_TOLERANCE": "0.15"},
     "wbsp": {"HVD_ELASTIC_POLICY": "wbsp"},
@@ -106,7 +106,7 @@ POLICIES: Dict[str, Optional[Dict[str, str]]] = {
     "horovod-predivide3": {"BENCH_GRADIENT_PREDIVIDE_FACTOR": "3"},
 }
 CONTROLS = ("horovod-predivide3",)            # never checked against the targets
-SYNCHRONOUS = ("horovod", "bsp", "lbbsp", "lbbsp-last", "lbbsp-tol15") + CONTROLS     # staleness 0 by construction
+SYNCHRONOUS = ("horovod", "bsp", "lbbsp", "lbbsp-ewma", "lbbsp-tol15") + CONTROLS     # staleness 0 by construction
 # drawn with the synchronous ones (they wait for the straggler)
 BOUNDED = ("ssp-s0", "ssp-s3", "ssp-s10", "dssp", "dssp-nofallback")
 KERAS_POLICIES = ("bsp", "asp", "ssp-s3", "zipline-R15", "lbbsp", "wbsp")

@@ -8,9 +8,10 @@ native module:
   where g_p is the rank's mean gradient over its b_p samples and the metadata table (each rank fills its own row:
   step time in ns, b_p, whether the batch starts a pass over the data) rides in the same buffer as exact 16-bit
   pieces (``engine.table.encode_meta``). The applied gradient is ``sum_p b_p g_p / sum_p b_p``: the gradient of
-  one process over the whole global batch. :meth:`LbbspController.step_overlapped` (torch) reduces each gradient
-  as backward produces it and submits the table just before the last one (Horovod fuses them), once this step's
-  compute is known, so the sizes follow this step's times as in :meth:`LbbspController.step`.
+  one process over the whole global batch. The PyTorch frontend reduces each gradient as backward produces it and
+  submits the table just before the last one (Horovod fuses them), once this step's compute is known, so the sizes
+  follow this step's times as in :meth:`LbbspController.step`; :meth:`LbbspController.finish_overlapped` completes
+  that exchange (at the optimizer's synchronize() or step()), :meth:`LbbspController.end_overlapped` steps.
 - :meth:`LbbspController.update` -- the next sizes, from the table every rank received (so every rank feeds the
   same inputs to the native rule and gets the same sizes): cpu mode ``lbbsp_batch_sizes_cpu`` over the throughput
   ``v_p = 1 / predicted per-sample time`` (predictor ``HVD_ELASTIC_PREDICTOR`` over each rank's per-sample time
@@ -150,22 +151,29 @@ class LbbspController:
         self.encode_row(compute_s, words)
         return words
 
-    def step_overlapped(self, session, compute: float, wait_table: Callable[[], np.ndarray],
-                        wait_gradients: Callable[[], None], apply: Callable[[int], None]):
-        """One lbbsp step of a frontend whose weighted gradients b_p g_p were submitted for reduction during
-        backward (per-parameter hooks, as Horovod overlaps bsp) and whose :meth:`row` went out with the last of
-        them: `compute` is this rank's compute time of the step (with the emulated per-sample delay) up to now,
-        `wait_table()` returns the summed table words, `wait_gradients()` waits for the summed b_p g_p, `apply(B)`
-        divides by the global batch B = sum_p b_p and runs the user's optimizer step; then the next sizes from this
-        step's times, and the step's telemetry."""
+    def finish_overlapped(self, wait_table: Callable[[], np.ndarray], wait_gradients: Callable[[], None],
+                          divide: Callable[[int], None]) -> Tuple[np.ndarray, float]:
+        """The exchange of a frontend whose weighted gradients b_p g_p were submitted for reduction during backward
+        (per-parameter hooks, as Horovod overlaps bsp) and whose :meth:`row` went out with the last of them:
+        `wait_table()` returns the summed table words, `wait_gradients()` waits for the summed b_p g_p, `divide(B)`
+        divides them by the global batch B = sum_p b_p. Returns (the table, seconds blocked). Then
+        :meth:`end_overlapped`."""
         t0 = time.perf_counter()
         table = self.decode_table(wait_table())
         wait_gradients()
+        blocked = time.perf_counter() - t0
+        divide(int(table[:, 1].sum()))
+        return table, blocked
+
+    def end_overlapped(self, session, table: np.ndarray, compute: float, blocked: float, apply: Callable[[], None]):
+        """After :meth:`finish_overlapped`: `apply()` runs the user's optimizer step, then the next sizes from this
+        step's table, and the step's telemetry (`compute`: this rank's compute time of the step, with the emulated
+        per-sample delay)."""
         t1 = time.perf_counter()
-        apply(int(table[:, 1].sum()))
+        apply()
         self.update(table)
         t2 = time.perf_counter()
-        session.telemetry.add_step(compute + (t2 - t1), t1 - t0)
+        session.telemetry.add_step(compute + (t2 - t1), blocked)
         session.last_step_end = t2
 
     def local_batch(self) -> int:

@@ -22,7 +22,7 @@ import torch
 from ..errors import HvdElasticError
 from ..lbbsp import BatchPlan, LbbspController
 from .buffers import FlatParams
-from .wrapping import refuse_sparse_gradients, refuse_unsupported_arguments, wrap_class
+from .wrapping import SynchronizeProtocol, refuse_sparse_gradients, refuse_unsupported_arguments, wrap_class
 
 class _Overlap:
     """LB-BSP's exchange overlapped with backward, as Horovod overlaps bsp: a post-accumulate-grad hook per
@@ -31,8 +31,9 @@ class _Overlap:
     backward is all but done: the step's compute is measured there (Session.begin_step, which also sleeps an
     emulated delay, where a slower device would spend it) and this rank's row of the small table (step time, b_p,
     pass start; LbbspController.row) is submitted in the gradients' dtype, so Horovod can fuse it with that last
-    gradient and the next sizes follow this step's times. step() waits for both and divides the gradients by
-    B = sum_p b_p. One backward per step: a second gradient of the same parameter before step() is an error."""
+    gradient and the next sizes follow this step's times. synchronize() (or step(), without it) waits for both and
+    divides the gradients by B = sum_p b_p; step() then runs the user's optimizer. One backward per step: a second
+    gradient of the same parameter before step() is an error."""
 
     def __init__(self, optimizer, session, params, dtype):
         self.optimizer, self.session, self.ctl, self.params = optimizer, session, session.lbbsp, params
@@ -41,6 +42,7 @@ class _Overlap:
         self.table = None       # (tensor, handle) of this step's table allreduce, submitted before the last gradient
         self.compute = 0.0      # this step's compute up to the table's submission, and when that was
         self.measured_at = 0.0
+        self.exchanged = None   # (table, compute, blocked, when) once synchronize() completed this step's exchange
         self._index = {id(p): i for i, p in enumerate(params)}
         self.hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in params]
 
@@ -70,14 +72,20 @@ class _Overlap:
                                   f"backward_passes_per_step, is policy bsp only)")
         self._submit(p)
 
-    def step(self):
+    def synchronize(self):
+        """Complete this step's exchange, once: what backward left unsubmitted (parameters without a gradient add
+        zeros, on every rank alike), the wait for the table and the gradients, the division by B. Then `.grad`
+        holds the gradient over the global batch, as Horovod's synchronize() leaves the averaged gradient there for
+        the script to clip before step()."""
+        if self.exchanged is not None:
+            return
         with torch.no_grad():
-            for p in self.params:        # parameters without a gradient this step add zeros, on every rank alike
+            for p in self.params:
                 if p not in self.handles:
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
                     self._submit(p)
-        # the step's compute: up to the table's submission, and what the script did from then until step()
+        # the step's compute: up to the table's submission, and what the script did from then until now
         compute = self.compute + (time.perf_counter() - self.measured_at)
 
         def wait_table():
@@ -91,12 +99,20 @@ class _Overlap:
                 hvd.synchronize(h)
             self.handles.clear()
 
-        def apply(total):
+        def divide(total):
             with torch.no_grad():
                 torch._foreach_div_([p.grad for p in self.params], total)
-            self.optimizer._hvd_elastic_inner_step()
 
-        self.ctl.step_overlapped(self.session, compute, wait_table, wait_gradients, apply)
+        table, blocked = self.ctl.finish_overlapped(wait_table, wait_gradients, divide)
+        self.exchanged = table, compute, blocked, time.perf_counter()
+
+    def step(self):
+        self.synchronize()
+        table, compute, blocked, done = self.exchanged
+        self.exchanged = None
+        # what the script did between synchronize() and step() (clipping) counts as compute
+        compute += time.perf_counter() - done
+        self.ctl.end_overlapped(self.session, table, compute, blocked, self.optimizer._hvd_elastic_inner_step)
 
 
 def _lbbsp_step(self, closure=None):
@@ -111,6 +127,14 @@ def _lbbsp_step(self, closure=None):
     return loss
 
 
+def _lbbsp_synchronize(self):
+    """Horovod's synchronize() under lbbsp: completes this step's weighted exchange, so `.grad` holds the gradient
+    over the global batch (Horovod's: the averaged gradient), which the script may clip before step() inside
+    skip_synchronize()."""
+    SynchronizeProtocol.synchronize(self)
+    self._hvd_elastic_overlap.synchronize()
+
+
 def build_lbbsp(optimizer, session, *, compression, op, gradient_predivide_factor, sparse_as_dense, process_set,
                 backward_passes_per_step):
     refuse_unsupported_arguments("lbbsp", compression=compression, op=op,
@@ -121,9 +145,9 @@ def build_lbbsp(optimizer, session, *, compression, op, gradient_predivide_facto
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     flat = FlatParams(params)   # checks: one dtype, one device
     # Same reason as the relaxed policies: horovod.torch.broadcast_optimizer_state's dummy step must call the
-    # wrapped optimizer's own step, not ours (which would run a collective on one side only). synchronize() is
-    # Horovod's protocol with nothing to exchange: lbbsp synchronizes inside step().
-    wrap_class(optimizer, _lbbsp_step)
+    # wrapped optimizer's own step, not ours (which would run a collective on one side only). synchronize() completes
+    # the step's exchange (as Horovod's does), step() completes it where the script did not call synchronize().
+    wrap_class(optimizer, _lbbsp_step, {"synchronize": _lbbsp_synchronize})
     optimizer._hvd_elastic_flat = flat
     flat.broadcast_weights(root_rank=0)
     optimizer._hvd_elastic_overlap = _Overlap(optimizer, session, flat.params, flat.dtype)

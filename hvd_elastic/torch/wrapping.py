@@ -70,9 +70,9 @@ def horovod_argument_checks(op, gradient_predivide_factor, backward_passes_per_s
 
 class SynchronizeProtocol:
     """Horovod's synchronize() / skip_synchronize() protocol for optimizers whose exchange happens elsewhere
-    (relaxed policies: the engine; lbbsp: inside step()). synchronize() exchanges nothing: the gradients stay this
-    rank's own, so clipping between synchronize() and step() clips the local gradient before it is pushed. step()
-    after synchronize() without skip_synchronize() gives Horovod's warning."""
+    (relaxed policies: the engine; lbbsp overrides synchronize() to complete its exchange). synchronize() exchanges
+    nothing: the gradients stay this rank's own, so clipping between synchronize() and step() clips the local
+    gradient before it is pushed. step() after synchronize() without skip_synchronize() gives Horovod's warning."""
 
     def synchronize(self):
         self._synchronized = True

@@ -4,7 +4,9 @@ rank, what the invariants need.
 --mode check: synthetic data of --samples samples, LbbspSampler through a DataLoader for --epochs epochs; records
               every step's sizes (all ranks'), this rank's indices per epoch, and on rank 0 the largest difference
               between the applied (aggregated) gradient and a gradient computed locally over the concatenated
-              global batch.
+              global batch. --clip C: Horovod's clipping protocol at every step (synchronize(), clip_grad_norm_ to
+              C, step() inside skip_synchronize()); rank 0 also records how far the gradient after synchronize()
+              is from the global-batch one, and the applied gradient is compared with that one clipped.
 --mode train: scikit-learn digits for --steps steps with LbbspSampler (bsp: random batches of B / n per rank);
               --recover-at K sets this rank's per-sample emulated delay to --recovered-delay from step K on (a
               straggler that recovers mid-run). Records every step's sizes and the end-of-run report. With --runs
@@ -48,7 +50,7 @@ def check(args):
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     sampler = hvde.LbbspSampler(len(ds), opt, seed=11, drop_last=not args.pad)
     loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler)
-    steps, indices, grad_err, checked = [], [], 0.0, 0
+    steps, indices, grad_err, checked, sync_err, clipped = [], [], 0.0, 0, 0.0, 0
     with hvde.training(opt):
         for epoch in range(args.epochs):
             sampler.set_epoch(epoch)
@@ -71,7 +73,18 @@ def check(args):
                     ref = grads(m)
                 opt.zero_grad()
                 F.cross_entropy(model(xb), yb).backward()
-                opt.step()
+                if args.clip > 0:       # Horovod's protocol: synchronize(), clip, step() inside skip_synchronize()
+                    opt.synchronize()
+                    synced = grads(model)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+                    with opt.skip_synchronize():
+                        opt.step()
+                    if ref is not None:   # synchronize() left the global-batch gradient, step() applied it clipped
+                        sync_err = max(sync_err, float(np.abs(synced - ref).max()))
+                        ref = ref * min(1.0, args.clip / float(np.linalg.norm(ref)))
+                        clipped += int(np.linalg.norm(synced) > args.clip)
+                else:
+                    opt.step()
                 if ref is not None:
                     grad_err = max(grad_err, float(np.abs(grads(model) - ref).max()))
                     checked += 1
@@ -100,6 +113,7 @@ def check(args):
     except hvde_errors.HvdElasticError as e:
         prefetch_error = str(e)
     return {"steps": steps, "indices": indices, "grad_err": grad_err, "grad_checked": checked,
+            "sync_err": sync_err, "clipped_steps": clipped,
             "prefetch_error": prefetch_error, "same_batches_as_distributed_sampler": same_as_ds,
             "weights_sha256": hashlib.sha256(flat(model).tobytes()).hexdigest(), "report": report,
             "steps_per_epoch": len(sampler)}
@@ -153,6 +167,8 @@ def main():
     ap.add_argument("--samples", type=int, default=480)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--pad", action="store_true", help="drop_last=False")
+    ap.add_argument("--clip", type=float, default=0.0,
+                    help="check mode: clip the gradient to this norm with Horovod's synchronize() protocol")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--recover-at", type=int, default=-1)
     ap.add_argument("--recovered-delay", type=float, default=0.0)

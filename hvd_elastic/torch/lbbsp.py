@@ -66,6 +66,10 @@ class _Overlap:
         self.handles[p] = hvd.allreduce_async_(p.grad, op=hvd.Sum, name=f"hvd_elastic.lbbsp.{self._name(p)}")
 
     def _ready(self, p):
+        if self.exchanged is not None:
+            raise HvdElasticError(f"policy lbbsp: the gradient of parameter {self._name(p)!r} was computed after "
+                                  f"optimizer.synchronize() and before step(): one backward per step, then "
+                                  f"synchronize() (optional) and step()")
         if p in self.handles:
             raise HvdElasticError(f"policy lbbsp: the gradient of parameter {self._name(p)!r} was computed twice "
                                   f"before optimizer.step(): one backward per step (gradient accumulation, "

@@ -76,6 +76,9 @@ class LbbspController:
         self.drawn: Optional[int] = None   # size of the batch the sampler handed out for the next step
         self.drawn_at = -1                 # self.steps when the sampler last handed out a batch
         self.pass_start = False            # the batch drawn for this step is the first of a pass over the data
+        # Set by a frontend from a step's backward until its step(): ends that step without applying it, where the
+        # script skipped step() (torch.amp.GradScaler does after an overflow); the sampler calls it at the next draw
+        self.unstepped: Optional[Callable[[], None]] = None
         self.history = [[] for _ in range(size)]   # per-sample ns, per rank (cpu mode)
         self.window_times: List[np.ndarray] = []   # gpu mode: step times since the last update
         if self.mode == "gpu":
@@ -257,7 +260,8 @@ class BatchPlan:
     ``dataset_len % B`` is dropped (``drop_last=True``) or the last global batch is completed from the start of the
     order (``drop_last=False``: every sample at least once). Each pass uses the epoch set by :meth:`set_epoch` or
     else the previous pass's epoch + 1 (0 first). A batch's size is only known once the previous step is done, so
-    drawing ahead of the steps (prefetching) raises HvdElasticError."""
+    drawing ahead of the steps (prefetching) raises HvdElasticError; a step whose backward ran but whose step() the
+    script skipped (``LbbspController.unstepped``) is ended, unapplied, when the next batch is drawn."""
 
     def __init__(self, dataset_len: int, controller: Callable[[], LbbspController], seed: int = 0,
                  drop_last: bool = True, shuffle: bool = True,
@@ -299,6 +303,8 @@ class BatchPlan:
         order = self.order(epoch)
         for i in range(len(self)):
             ctl = self._controller()
+            if ctl.unstepped is not None:
+                ctl.unstepped()
             if ctl.drawn is not None and ctl.drawn_at == ctl.steps:
                 raise HvdElasticError(f"{what}: a batch was drawn before the previous one was stepped; lbbsp decides "
                                       f"each batch's size after the previous step, so draw one batch per step")

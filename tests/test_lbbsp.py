@@ -8,6 +8,7 @@
   recovers the sizes follow;
 - the sampler's order is torch's DistributedSampler's (whatever the sizes, the same global batches);
 - Horovod's clipping protocol (synchronize(), clip, step() inside skip_synchronize()) clips the global-batch gradient;
+  a step skipped after synchronize() (GradScaler's overflow) is ended unapplied at the next draw;
 - drawing batches ahead of the steps (DataLoader workers prefetching) is refused;
 - bad input (B below the number of ranks, caps that cannot hold B, a dataset smaller than B) stops every rank with
   one line (one real launch; the messages in one process).
@@ -95,22 +96,27 @@ def test_sizes_sum_to_B_each_sample_once_per_epoch_and_gradient_is_the_global_ba
     assert all(r["same_batches_as_distributed_sampler"] == [True, True] for r in ranks)
 
 
-def test_horovods_clipping_protocol_clips_the_global_batch_gradient(tmp_path):
+def test_horovods_clipping_protocol_clips_the_global_batch_gradient_and_a_skipped_step_stays_unapplied(tmp_path):
     # synchronize() completes the weighted exchange (as Horovod's leaves the averaged gradient), so the script clips
     # the gradient over the global batch, and step() inside skip_synchronize() applies it as clipped: no race with
-    # reductions still in flight, no second exchange, the same weights on every rank.
+    # reductions still in flight, no second exchange, the same weights on every rank. A step whose step() the script
+    # skips after synchronize() (torch.amp.GradScaler after an overflow) is ended, unapplied, at the next draw.
     env = {"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_GLOBAL_BATCH": "48",
            "HVD_ELASTIC_EMULATE_SAMPLE_DELAY": "*:0.0003,2:0.0015"}
     res = launch("mpirun", 3, "tests/workers/lbbsp_train.py",
-                 [tmp_path, "--mode", "check", "--samples", 480, "--epochs", 1, "--clip", 0.05], env=env, timeout=240)
+                 [tmp_path, "--mode", "check", "--samples", 480, "--epochs", 1, "--clip", 0.05, "--skip-every", 4],
+                 env=env, timeout=240)
     assert res.returncode == 0 and not res.timed_out, res.output[-4000:]
     assert "skip_synchronize() context" not in res.output, res.output[-3000:]    # Horovod's warning: not due here
     ranks = _ranks(tmp_path, 3)
     assert len({tuple(s["sizes"]) for s in ranks[0]["steps"]}) > 1, "the sizes never changed"
     r0 = ranks[0]
-    assert r0["grad_checked"] == 10 and r0["clipped_steps"] >= 8, r0["clipped_steps"]
+    assert len(r0["steps"]) == 10 and r0["grad_checked"] == 8 and r0["clipped_steps"] >= 6, r0["clipped_steps"]
     assert r0["sync_err"] < 1e-6, r0["sync_err"]      # after synchronize(): the global-batch gradient
     assert r0["grad_err"] < 1e-6, r0["grad_err"]      # applied: that gradient clipped to norm 0.05
+    assert r0["skipped_unchanged"] == 2               # steps 3 and 7: no step(), the weights as they were
+    assert all(r["report"]["ranks"][r["rank"]]["counters"]["lbbsp_unapplied_steps"] == 2 for r in ranks)
+    assert all(r["report"]["ranks"][r["rank"]]["counters"]["lbbsp_resizes"] > 0 for r in ranks)
     assert len({r["weights_sha256"] for r in ranks}) == 1
 
 

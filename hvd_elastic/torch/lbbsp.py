@@ -60,6 +60,8 @@ class _Overlap:
     def _submit(self, p):
         if p.grad.is_sparse:
             refuse_sparse_gradients(self.optimizer, "lbbsp")
+        if not self.handles:
+            self.ctl.unstepped = self._unapplied
         if len(self.handles) == len(self.params) - 1:
             self._submit_table()
         p.grad.mul_(self.ctl.local_batch())
@@ -110,13 +112,21 @@ class _Overlap:
         table, blocked = self.ctl.finish_overlapped(wait_table, wait_gradients, divide)
         self.exchanged = table, compute, blocked, time.perf_counter()
 
-    def step(self):
+    def step(self, apply=None):
         self.synchronize()
         table, compute, blocked, done = self.exchanged
         self.exchanged = None
+        self.ctl.unstepped = None
         # what the script did between synchronize() and step() (clipping) counts as compute
         compute += time.perf_counter() - done
-        self.ctl.end_overlapped(self.session, table, compute, blocked, self.optimizer._hvd_elastic_inner_step)
+        self.ctl.end_overlapped(self.session, table, compute, blocked, apply or self.optimizer._hvd_elastic_inner_step)
+
+    def _unapplied(self):
+        """The script skipped step() after this step's backward (torch.amp.GradScaler does after an overflow, on every
+        rank alike: it reads the global-batch gradient after synchronize()): the exchange completes, the weights stay
+        as they are, the next sizes follow the step's times (LbbspController.unstepped)."""
+        self.session.telemetry.count("lbbsp_unapplied_steps")
+        self.step(apply=lambda: None)
 
 
 def _lbbsp_step(self, closure=None):

@@ -6,7 +6,9 @@ rank, what the invariants need.
               between the applied (aggregated) gradient and a gradient computed locally over the concatenated
               global batch. --clip C: Horovod's clipping protocol at every step (synchronize(), clip_grad_norm_ to
               C, step() inside skip_synchronize()); rank 0 also records how far the gradient after synchronize()
-              is from the global-batch one, and the applied gradient is compared with that one clipped.
+              is from the global-batch one, and the applied gradient is compared with that one clipped;
+              --skip-every K: every K-th step of an epoch calls synchronize() and skips step() (what
+              torch.amp.GradScaler does after an overflow), and the weights must be unchanged at the next step.
 --mode train: scikit-learn digits for --steps steps with LbbspSampler (bsp: random batches of B / n per rank);
               --recover-at K sets this rank's per-sample emulated delay to --recovered-delay from step K on (a
               straggler that recovers mid-run). Records every step's sizes and the end-of-run report. With --runs
@@ -51,12 +53,16 @@ def check(args):
     sampler = hvde.LbbspSampler(len(ds), opt, seed=11, drop_last=not args.pad)
     loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler)
     steps, indices, grad_err, checked, sync_err, clipped = [], [], 0.0, 0, 0.0, 0
+    unapplied, skipped = None, 0
     with hvde.training(opt):
         for epoch in range(args.epochs):
             sampler.set_epoch(epoch)
             order = sampler.order(epoch)
             mine = []
             for i, (xb, yb) in enumerate(loader):
+                if unapplied is not None:     # the step skipped before this one left the weights as they were
+                    skipped += int(np.array_equal(unapplied, flat(model)))
+                    unapplied = None
                 sizes = hvde.batch_sizes(opt)
                 steps.append({"sizes": sizes, "local": len(xb)})
                 # this rank's indices: the positions the sampler dealt it (recomputed here to record them)
@@ -76,11 +82,16 @@ def check(args):
                 if args.clip > 0:       # Horovod's protocol: synchronize(), clip, step() inside skip_synchronize()
                     opt.synchronize()
                     synced = grads(model)
+                    if ref is not None:   # synchronize() left the global-batch gradient
+                        sync_err = max(sync_err, float(np.abs(synced - ref).max()))
+                    if args.skip_every and i % args.skip_every == args.skip_every - 1:
+                        # no step(), as torch.amp.GradScaler after an overflow: the next draw ends it unapplied
+                        unapplied = flat(model)
+                        continue
                     torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
                     with opt.skip_synchronize():
                         opt.step()
-                    if ref is not None:   # synchronize() left the global-batch gradient, step() applied it clipped
-                        sync_err = max(sync_err, float(np.abs(synced - ref).max()))
+                    if ref is not None:   # step() applied the global-batch gradient clipped
                         ref = ref * min(1.0, args.clip / float(np.linalg.norm(ref)))
                         clipped += int(np.linalg.norm(synced) > args.clip)
                 else:
@@ -113,7 +124,7 @@ def check(args):
     except hvde_errors.HvdElasticError as e:
         prefetch_error = str(e)
     return {"steps": steps, "indices": indices, "grad_err": grad_err, "grad_checked": checked,
-            "sync_err": sync_err, "clipped_steps": clipped,
+            "sync_err": sync_err, "clipped_steps": clipped, "skipped_unchanged": skipped,
             "prefetch_error": prefetch_error, "same_batches_as_distributed_sampler": same_as_ds,
             "weights_sha256": hashlib.sha256(flat(model).tobytes()).hexdigest(), "report": report,
             "steps_per_epoch": len(sampler)}
@@ -169,6 +180,8 @@ def main():
     ap.add_argument("--pad", action="store_true", help="drop_last=False")
     ap.add_argument("--clip", type=float, default=0.0,
                     help="check mode: clip the gradient to this norm with Horovod's synchronize() protocol")
+    ap.add_argument("--skip-every", type=int, default=0,
+                    help="with --clip: every K-th step of an epoch synchronize() and no step() (GradScaler's overflow)")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--recover-at", type=int, default=-1)
     ap.add_argument("--recovered-delay", type=float, default=0.0)

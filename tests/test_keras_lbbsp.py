@@ -3,7 +3,8 @@
 - every step's batch sizes sum to the global batch B and are the same on every rank; the tf.data pipeline of
   hvd_elastic.keras.lbbsp_dataset gives each rank exactly the size decided for it;
 - within an epoch every sample is trained on exactly once across ranks (the train step records the indices it saw);
-- the applied gradient equals one process's gradient over the same global batch (rank 0 recomputes it);
+- the applied gradient equals one process's gradient over the same global batch (rank 0 recomputes it), clipped
+  by the optimizer's global_clipnorm where it has one;
 - under a 3x straggler (per-sample emulated delay) the sizes approach the speed ratio and the fast ranks' wait
   share falls well below bsp's with the same straggler;
 - a pipeline that reads ahead (prefetch) is refused; the Keras frontend's bad input stops every rank with one line.
@@ -33,6 +34,19 @@ def test_keras_sizes_sum_to_B_each_sample_once_per_epoch_and_gradient_is_the_glo
     # (w_before - w_after) / lr in float32, hence the looser tolerance.
     ranks = run_check_case(_run, case, tmp_path, grad_atol=1e-5)
     assert all("lbbsp_dataset" in r["prefetch_error"] for r in ranks)
+
+
+def test_keras_clipnorm_clips_the_global_batch_gradient(tmp_path):
+    # The optimizer's own clipping (global_clipnorm) applies to the gradient over the global batch, as Horovod's
+    # Keras optimizer clips the averaged gradient: the lbbsp step hands the global gradient to the optimizer's apply.
+    env = {"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_GLOBAL_BATCH": "48",
+           "HVD_ELASTIC_EMULATE_SAMPLE_DELAY": "*:0.0003,2:0.0015"}
+    ranks = _run("mpirun", 3, ["--mode", "check", "--samples", 480, "--epochs", 1, "--clipnorm", 0.05], env, tmp_path)
+    r0 = ranks[0]
+    assert len({tuple(s["sizes"]) for s in r0["steps"]}) > 1, "the sizes never changed"
+    assert r0["grad_checked"] == 10 and r0["clipped_steps"] >= 8, r0["clipped_steps"]
+    assert r0["grad_err"] < 1e-5, r0["grad_err"]
+    assert len({r["weights_sha256"] for r in ranks}) == 1
 
 
 STEPS = 200

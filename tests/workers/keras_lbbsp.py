@@ -5,7 +5,8 @@ rank, what the invariants need.
                  hvd_elastic.keras.lbbsp_dataset for --epochs epochs; records every step's sizes (all ranks'),
                  this rank's indices per epoch as the train step saw them, and on rank 0 the largest difference
                  between the applied gradient ((w_before - w_after) / lr, plain SGD) and one process's gradient over
-                 the global batch (the documented shared order) from the same weights. Then checks that a
+                 the global batch (the documented shared order) from the same weights (with --clipnorm C, that
+                 gradient clipped to global norm C, the optimizer's global_clipnorm). Then checks that a
                  prefetching pipeline is refused.
 --mode train:    scikit-learn digits for --steps steps (lbbsp: lbbsp_dataset; bsp: B / n random samples a rank);
                  records the sizes, the report and the accuracy. With --runs (a JSON list of the optimizer's
@@ -44,11 +45,11 @@ def sha(model):
 class Recorder(keras.callbacks.Callback):
     """Per step: the sizes decided for it, the indices the train step saw, and (rank 0) the gradient check."""
 
-    def __init__(self, opt, seen, x, y, B, lr, seed, pad):
+    def __init__(self, opt, seen, x, y, B, lr, seed, pad, clipnorm=0.0):
         super().__init__()
         self.opt, self.seen, self.x, self.y, self.B, self.lr, self.seed = opt, seen, x, y, B, lr, seed
-        self.pad = pad
-        self.steps, self.indices, self.grad_err, self.checked = [], [], 0.0, 0
+        self.pad, self.clipnorm = pad, clipnorm
+        self.steps, self.indices, self.grad_err, self.checked, self.clipped = [], [], 0.0, 0, 0
         self.epoch = 0
         self.step_in_epoch = 0
         # one process, plain Keras: the same layers without the index column
@@ -85,6 +86,9 @@ class Recorder(keras.callbacks.Callback):
             for v, w in zip(ref_vars, unflatten(self.before, ref_vars)):
                 v.assign(w)
             ref = np.concatenate([g.numpy().ravel() for g in self.ref_grad(self.x[gb][:, 1:], self.y[gb])])
+            if self.clipnorm:     # the optimizer's global_clipnorm, applied to the global-batch gradient
+                self.clipped += int(np.linalg.norm(ref) > self.clipnorm)
+                ref = ref * min(1.0, self.clipnorm / float(np.linalg.norm(ref)))
             applied = (self.before - flat(self.model)) / self.lr
             self.grad_err = max(self.grad_err, float(np.abs(applied - ref).max()))
             self.checked += 1
@@ -118,11 +122,12 @@ def check(args):
     model = Seq([keras.Input((13,)), keras.layers.Lambda(lambda t: t[:, 1:]),
                  keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(3)])
     lr = 0.1
-    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(lr))
+    clip = {"global_clipnorm": args.clipnorm} if args.clipnorm else {}
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(lr, **clip))
     model.compile(optimizer=opt, loss=LOSS)
     seed = 11
     ds = hvdk.lbbsp_dataset(opt, (x, y), seed=seed, drop_last=not args.pad)
-    rec = Recorder(opt, seen, x, y, B, lr, seed, args.pad)
+    rec = Recorder(opt, seen, x, y, B, lr, seed, args.pad, args.clipnorm)
     sync = hvdk.SyncCallback()
     model.fit(ds, epochs=args.epochs, verbose=0, callbacks=[sync, rec, hvdk.MetricAverageCallback()])
     # A pipeline that reads ahead of the steps (a prefetch) is refused: the size of a batch is decided after the
@@ -136,6 +141,7 @@ def check(args):
     except Exception as e:  # noqa: BLE001  (tf.data wraps the generator's error)
         prefetch_error = str(e)
     return {"steps": rec.steps, "indices": rec.indices, "grad_err": rec.grad_err, "grad_checked": rec.checked,
+            "clipped_steps": rec.clipped,
             "prefetch_error": prefetch_error, "weights_sha256": sha(model), "report": sync.report,
             "steps_per_epoch": int(ds.cardinality())}
 
@@ -190,6 +196,7 @@ def main():
     ap.add_argument("--samples", type=int, default=480)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--pad", action="store_true", help="drop_last=False")
+    ap.add_argument("--clipnorm", type=float, default=0.0, help="--mode check: the SGD's global_clipnorm")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--frontend", choices=["keras", "tensorflow"], default="keras")
     ap.add_argument("--last-rank-late-s", type=float, default=0.0, help="--mode bad: the last rank reaches the "

@@ -11,7 +11,7 @@ native module:
   one process over the whole global batch. The PyTorch frontend reduces each gradient as backward produces it and
   submits the table just before the last one (Horovod fuses them), once this step's compute is known, so the sizes
   follow this step's times as in :meth:`LbbspController.step`; :meth:`LbbspController.finish_overlapped` completes
-  that exchange (at the optimizer's synchronize() or step()), :meth:`LbbspController.end_overlapped` steps.
+  that exchange (at the optimizer's synchronize() or step()), :meth:`LbbspController.end_step` steps.
 - :meth:`LbbspController.update` -- the next sizes, from the table every rank received (so every rank feeds the
   same inputs to the native rule and gets the same sizes): cpu mode ``lbbsp_batch_sizes_cpu`` over the throughput
   ``v_p = 1 / predicted per-sample time`` (predictor ``HVD_ELASTIC_PREDICTOR`` over each rank's per-sample time
@@ -138,12 +138,7 @@ class LbbspController:
         global-batch gradient with the user's optimizer, the next sizes, the step's telemetry."""
         compute = session.begin_step(samples=self.local_batch())
         global_grad, table, blocked = self.exchange(grad, compute, allreduce)
-        t1 = time.perf_counter()
-        apply(global_grad)
-        self.update(table)
-        t2 = time.perf_counter()
-        session.telemetry.add_step(compute + (t2 - t1), blocked)
-        session.last_step_end = t2
+        self.end_step(session, table, compute, blocked, lambda: apply(global_grad))
 
     def row(self, compute_s: float, dtype) -> np.ndarray:
         """This rank's row of the step's table (:meth:`encode_row`) in a new array of `dtype`, for a frontend that
@@ -160,7 +155,7 @@ class LbbspController:
         (per-parameter hooks, as Horovod overlaps bsp) and whose :meth:`row` went out with the last of them:
         `wait_table()` returns the summed table words, `wait_gradients()` waits for the summed b_p g_p, `divide(B)`
         divides them by the global batch B = sum_p b_p. Returns (the table, seconds blocked). Then
-        :meth:`end_overlapped`."""
+        :meth:`end_step`."""
         t0 = time.perf_counter()
         table = self.decode_table(wait_table())
         wait_gradients()
@@ -168,10 +163,10 @@ class LbbspController:
         divide(int(table[:, 1].sum()))
         return table, blocked
 
-    def end_overlapped(self, session, table: np.ndarray, compute: float, blocked: float, apply: Callable[[], None]):
-        """After :meth:`finish_overlapped`: `apply()` runs the user's optimizer step, then the next sizes from this
-        step's table, and the step's telemetry (`compute`: this rank's compute time of the step, with the emulated
-        per-sample delay)."""
+    def end_step(self, session, table: np.ndarray, compute: float, blocked: float, apply: Callable[[], None]):
+        """After the step's exchange (:meth:`exchange`, :meth:`finish_overlapped`): `apply()` runs the user's
+        optimizer step, then the next sizes from this step's table, and the step's telemetry (`compute`: this rank's
+        compute time of the step, with the emulated per-sample delay; `blocked`: seconds in the exchange)."""
         t1 = time.perf_counter()
         apply()
         self.update(table)

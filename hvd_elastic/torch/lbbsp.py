@@ -119,7 +119,7 @@ class _Overlap:
         self.ctl.unstepped = None
         # what the script did between synchronize() and step() (clipping) counts as compute
         compute += time.perf_counter() - done
-        self.ctl.end_overlapped(self.session, table, compute, blocked, apply or self.optimizer._hvd_elastic_inner_step)
+        self.ctl.end_step(self.session, table, compute, blocked, apply or self.optimizer._hvd_elastic_inner_step)
 
     def _unapplied(self):
         """The script skipped step() after this step's backward (torch.amp.GradScaler does after an overflow, on every

@@ -77,7 +77,8 @@ class LbbspController:
         self.drawn_at = -1                 # self.steps when the sampler last handed out a batch
         self.pass_start = False            # the batch drawn for this step is the first of a pass over the data
         # Set by a frontend from a step's backward until its step(): ends that step without applying it, where the
-        # script skipped step() (torch.amp.GradScaler does after an overflow); the sampler calls it at the next draw
+        # script skipped step() (torch.amp.GradScaler does after an overflow); the sampler's next draw and the
+        # optimizer's zero_grad() call it
         self.unstepped: Optional[Callable[[], None]] = None
         self.history = [[] for _ in range(size)]   # per-sample ns, per rank (cpu mode)
         self.window_times: List[np.ndarray] = []   # gpu mode: step times since the last update
@@ -163,13 +164,15 @@ class LbbspController:
         divide(int(table[:, 1].sum()))
         return table, blocked
 
-    def end_step(self, session, table: np.ndarray, compute: float, blocked: float, apply: Callable[[], None]):
+    def end_step(self, session, table: np.ndarray, compute: float, blocked: float, apply: Callable[[], None],
+                 resize: bool = True):
         """After the step's exchange (:meth:`exchange`, :meth:`finish_overlapped`): `apply()` runs the user's
-        optimizer step, then the next sizes from this step's table, and the step's telemetry (`compute`: this rank's
-        compute time of the step, with the emulated per-sample delay; `blocked`: seconds in the exchange)."""
+        optimizer step, then the next sizes from this step's table (:meth:`update`; `resize=False` for a step
+        ended unapplied), and the step's telemetry (`compute`: this rank's compute time of the step, with the
+        emulated per-sample delay; `blocked`: seconds in the exchange)."""
         t1 = time.perf_counter()
         apply()
-        self.update(table)
+        self.update(table, resize)
         t2 = time.perf_counter()
         session.telemetry.add_step(compute + (t2 - t1), blocked)
         session.last_step_end = t2
@@ -177,11 +180,13 @@ class LbbspController:
     def local_batch(self) -> int:
         return self.drawn if self.drawn is not None else self.sizes[self.rank]
 
-    def update(self, meta: np.ndarray):
+    def update(self, meta: np.ndarray, resize: bool = True):
         """One iteration boundary: meta[p] = (step ns, samples, pass start) of every rank; decide the next sizes
-        (from the table only, so every rank decides the same)."""
+        (from the table only, so every rank decides the same). `resize=False`: the sizes stay as they are, so that
+        a script that read them before a skipped step was ended (its zero_grad() ends it) draws the batch they
+        weight; its times still count towards the next re-size (cpu mode)."""
         step_ns, samples = meta[:, 0], meta[:, 1]
-        if self.steps == 0 or meta[:, 2].any():
+        if self.steps == 0 or meta[:, 2].any() or (self.mode == "gpu" and not resize):
             # The first step's time includes each rank's start-up since the optimizer was built, and the first step
             # of a pass over the data the framework's epoch-boundary work (a tenth of a second or more under Keras,
             # uneven across ranks): not a speed.
@@ -201,7 +206,7 @@ class LbbspController:
                 del h[:-HISTORY]
             throughput = [1e9 / max(predict_interval(self.cfg.predictor, h), 1) for h in self.history]
             new = list(_native.lbbsp_resize_cpu(throughput, self.sizes, self.batch_size, self.caps,
-                                                self.cfg.lbbsp_tolerance))
+                                                self.cfg.lbbsp_tolerance)) if resize else self.sizes
         self.steps += 1
         mine = int(step_ns[self.rank])
         self.step_ns_sum += mine
@@ -256,7 +261,8 @@ class BatchPlan:
     order (``drop_last=False``: every sample at least once). Each pass uses the epoch set by :meth:`set_epoch` or
     else the previous pass's epoch + 1 (0 first). A batch's size is only known once the previous step is done, so
     drawing ahead of the steps (prefetching) raises HvdElasticError; a step whose backward ran but whose step() the
-    script skipped (``LbbspController.unstepped``) is ended, unapplied, when the next batch is drawn."""
+    script skipped (``LbbspController.unstepped``) is ended, unapplied and with the sizes unchanged, when the next
+    batch is drawn."""
 
     def __init__(self, dataset_len: int, controller: Callable[[], LbbspController], seed: int = 0,
                  drop_last: bool = True, shuffle: bool = True,

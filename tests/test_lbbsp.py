@@ -8,7 +8,8 @@
   recovers the sizes follow;
 - the sampler's order is torch's DistributedSampler's (whatever the sizes, the same global batches);
 - Horovod's clipping protocol (synchronize(), clip, step() inside skip_synchronize()) clips the global-batch gradient;
-  a step skipped after synchronize() (GradScaler's overflow) is ended unapplied at the next draw;
+  a step skipped after synchronize() (GradScaler's overflow) is ended unapplied, sizes unchanged, at the next draw or
+  at zero_grad() (a script drawing its own batches from batch_sizes());
 - drawing batches ahead of the steps (DataLoader workers prefetching) is refused;
 - bad input (B below the number of ranks, caps that cannot hold B, a dataset smaller than B) stops every rank with
   one line (one real launch; the messages in one process).
@@ -96,15 +97,20 @@ def test_sizes_sum_to_B_each_sample_once_per_epoch_and_gradient_is_the_global_ba
     assert all(r["same_batches_as_distributed_sampler"] == [True, True] for r in ranks)
 
 
-def test_horovods_clipping_protocol_clips_the_global_batch_gradient_and_a_skipped_step_stays_unapplied(tmp_path):
+@pytest.mark.parametrize("batches", ["sampler", "own"])
+def test_horovods_clipping_protocol_clips_the_global_batch_gradient_and_a_skipped_step_stays_unapplied(tmp_path,
+                                                                                                       batches):
     # synchronize() completes the weighted exchange (as Horovod's leaves the averaged gradient), so the script clips
     # the gradient over the global batch, and step() inside skip_synchronize() applies it as clipped: no race with
     # reductions still in flight, no second exchange, the same weights on every rank. A step whose step() the script
-    # skips after synchronize() (torch.amp.GradScaler after an overflow) is ended, unapplied, at the next draw.
+    # skips after synchronize() (torch.amp.GradScaler after an overflow) is ended, unapplied, at the next draw of
+    # LbbspSampler ("sampler") or, where the script takes its batches from batch_sizes() itself ("own"), at its
+    # next opt.zero_grad(); either way the sizes stay, so the batch drawn before that weighs what it holds.
     env = {"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_GLOBAL_BATCH": "48",
            "HVD_ELASTIC_EMULATE_SAMPLE_DELAY": "*:0.0003,2:0.0015"}
     res = launch("mpirun", 3, "tests/workers/lbbsp_train.py",
-                 [tmp_path, "--mode", "check", "--samples", 480, "--epochs", 1, "--clip", 0.05, "--skip-every", 4],
+                 [tmp_path, "--mode", "check", "--samples", 480, "--epochs", 1, "--clip", 0.05, "--skip-every", 4,
+                  *(["--own-batches"] if batches == "own" else [])],
                  env=env, timeout=240)
     assert res.returncode == 0 and not res.timed_out, res.output[-4000:]
     assert "skip_synchronize() context" not in res.output, res.output[-3000:]    # Horovod's warning: not due here
@@ -118,6 +124,27 @@ def test_horovods_clipping_protocol_clips_the_global_batch_gradient_and_a_skippe
     assert all(r["report"]["ranks"][r["rank"]]["counters"]["lbbsp_unapplied_steps"] == 2 for r in ranks)
     assert all(r["report"]["ranks"][r["rank"]]["counters"]["lbbsp_resizes"] > 0 for r in ranks)
     assert len({r["weights_sha256"] for r in ranks}) == 1
+
+
+def test_a_step_ended_unapplied_keeps_the_sizes_and_its_times_count_towards_the_next_resize():
+    # In one process, the rule every rank runs on the same table: a skipped step (resize=False) leaves the sizes a
+    # script may already have drawn its batch by, and its per-sample times still reach the history, so the next
+    # applied step re-sizes from both.
+    from hvd_elastic.lbbsp import LbbspController
+    from hvd_elastic.telemetry import Telemetry
+
+    size = 3
+    cfg = Config.from_env({}, policy="lbbsp", global_batch=48)
+    ctl = LbbspController(cfg, 0, size, Telemetry(0, size, "lbbsp"))
+
+    def table(ns_per_sample):
+        return np.array([[ns * b, b, 0] for ns, b in zip(ns_per_sample, ctl.sizes)], np.int64)
+
+    ctl.update(table([1000, 1000, 1000]))                     # step 0: start-up, never a speed
+    ctl.update(table([1000, 1000, 5000]), resize=False)
+    assert ctl.sizes == [16, 16, 16] and ctl.steps == 2 and len(ctl.history[2]) == 1
+    ctl.update(table([1000, 1000, 5000]))
+    assert ctl.sizes[2] < ctl.sizes[0] and sum(ctl.sizes) == 48 and len(ctl.history[2]) == 2
 
 
 STEPS, RECOVER = 240, 120

@@ -71,7 +71,8 @@ class _Overlap:
         if self.exchanged is not None:
             raise HvdElasticError(f"policy lbbsp: the gradient of parameter {self._name(p)!r} was computed after "
                                   f"optimizer.synchronize() and before step(): one backward per step, then "
-                                  f"synchronize() (optional) and step()")
+                                  f"synchronize() (optional) and step(); a script that skips step() calls "
+                                  f"optimizer.zero_grad() before the next backward")
         if p in self.handles:
             raise HvdElasticError(f"policy lbbsp: the gradient of parameter {self._name(p)!r} was computed twice "
                                   f"before optimizer.step(): one backward per step (gradient accumulation, "
@@ -112,21 +113,23 @@ class _Overlap:
         table, blocked = self.ctl.finish_overlapped(wait_table, wait_gradients, divide)
         self.exchanged = table, compute, blocked, time.perf_counter()
 
-    def step(self, apply=None):
+    def step(self, apply=None, resize=True):
         self.synchronize()
         table, compute, blocked, done = self.exchanged
         self.exchanged = None
         self.ctl.unstepped = None
         # what the script did between synchronize() and step() (clipping) counts as compute
         compute += time.perf_counter() - done
-        self.ctl.end_step(self.session, table, compute, blocked, apply or self.optimizer._hvd_elastic_inner_step)
+        self.ctl.end_step(self.session, table, compute, blocked, apply or self.optimizer._hvd_elastic_inner_step,
+                          resize)
 
     def _unapplied(self):
         """The script skipped step() after this step's backward (torch.amp.GradScaler does after an overflow, on every
-        rank alike: it reads the global-batch gradient after synchronize()): the exchange completes, the weights stay
-        as they are, the next sizes follow the step's times (LbbspController.unstepped)."""
+        rank alike: it reads the global-batch gradient after synchronize()): the exchange completes, the weights and
+        the sizes stay as they are (a script that drew its batch from batch_sizes() before its zero_grad() ended
+        this step drew the size the next step weights it by); LbbspController.unstepped."""
         self.session.telemetry.count("lbbsp_unapplied_steps")
-        self.step(apply=lambda: None)
+        self.step(apply=lambda: None, resize=False)
 
 
 def _lbbsp_step(self, closure=None):
@@ -149,6 +152,16 @@ def _lbbsp_synchronize(self):
     self._hvd_elastic_overlap.synchronize()
 
 
+def _lbbsp_zero_grad(self, *args, **kwargs):
+    """zero_grad() under lbbsp: a step whose backward ran and whose step() the script skipped (torch.amp.GradScaler
+    after an overflow) is ended unapplied first, as LbbspSampler's next draw ends it, so that its reductions are
+    complete before the gradients are zeroed and the next backward starts a new step."""
+    overlap = self._hvd_elastic_overlap
+    if overlap.ctl.unstepped is not None:
+        overlap.ctl.unstepped()
+    return self._hvd_elastic_base.zero_grad(self, *args, **kwargs)
+
+
 def build_lbbsp(optimizer, session, *, compression, op, gradient_predivide_factor, sparse_as_dense, process_set,
                 backward_passes_per_step):
     refuse_unsupported_arguments("lbbsp", compression=compression, op=op,
@@ -160,8 +173,9 @@ def build_lbbsp(optimizer, session, *, compression, op, gradient_predivide_facto
     flat = FlatParams(params)   # checks: one dtype, one device
     # Same reason as the relaxed policies: horovod.torch.broadcast_optimizer_state's dummy step must call the
     # wrapped optimizer's own step, not ours (which would run a collective on one side only). synchronize() completes
-    # the step's exchange (as Horovod's does), step() completes it where the script did not call synchronize().
-    wrap_class(optimizer, _lbbsp_step, {"synchronize": _lbbsp_synchronize})
+    # the step's exchange (as Horovod's does), step() completes it where the script did not call synchronize(),
+    # zero_grad() ends a step whose step() the script skipped.
+    wrap_class(optimizer, _lbbsp_step, {"synchronize": _lbbsp_synchronize, "zero_grad": _lbbsp_zero_grad})
     optimizer._hvd_elastic_flat = flat
     flat.broadcast_weights(root_rank=0)
     optimizer._hvd_elastic_overlap = _Overlap(optimizer, session, flat.params, flat.dtype)

@@ -9,6 +9,8 @@ rank, what the invariants need.
               is from the global-batch one, and the applied gradient is compared with that one clipped;
               --skip-every K: every K-th step of an epoch calls synchronize() and skips step() (what
               torch.amp.GradScaler does after an overflow), and the weights must be unchanged at the next step.
+              --own-batches: no LbbspSampler draws; the script takes its slice of each global batch of the
+              sampler's order from hvde.batch_sizes() itself, then calls opt.zero_grad() (which ends a skipped step).
 --mode train: scikit-learn digits for --steps steps with LbbspSampler (bsp: random batches of B / n per rank);
               --recover-at K sets this rank's per-sample emulated delay to --recovered-delay from step K on (a
               straggler that recovers mid-run). Records every step's sizes and the end-of-run report. With --runs
@@ -40,6 +42,14 @@ def grads(model):
     return torch.cat([p.grad.detach().flatten() for p in model.parameters()]).numpy()
 
 
+def own_batches(sampler, epoch, opt, x, y):
+    """A script's own data path under lbbsp: this rank's batch_sizes() share of each global batch."""
+    order = sampler.order(epoch)
+    for i in range(len(sampler)):
+        idx = order[i * sampler.B + torch.from_numpy(batch_positions(hvde.batch_sizes(opt), hvd.rank()))]
+        yield x[idx], y[idx]
+
+
 def check(args):
     g = torch.Generator().manual_seed(3)
     x = torch.randn(args.samples, 12, generator=g)
@@ -59,7 +69,7 @@ def check(args):
             sampler.set_epoch(epoch)
             order = sampler.order(epoch)
             mine = []
-            for i, (xb, yb) in enumerate(loader):
+            for i, (xb, yb) in enumerate(own_batches(sampler, epoch, opt, x, y) if args.own_batches else loader):
                 if unapplied is not None:     # the step skipped before this one left the weights as they were
                     skipped += int(np.array_equal(unapplied, flat(model)))
                     unapplied = None
@@ -85,7 +95,7 @@ def check(args):
                     if ref is not None:   # synchronize() left the global-batch gradient
                         sync_err = max(sync_err, float(np.abs(synced - ref).max()))
                     if args.skip_every and i % args.skip_every == args.skip_every - 1:
-                        # no step(), as torch.amp.GradScaler after an overflow: the next draw ends it unapplied
+                        # no step(), as GradScaler after an overflow: the next draw or zero_grad() ends it unapplied
                         unapplied = flat(model)
                         continue
                     torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
@@ -180,6 +190,8 @@ def main():
     ap.add_argument("--pad", action="store_true", help="drop_last=False")
     ap.add_argument("--clip", type=float, default=0.0,
                     help="check mode: clip the gradient to this norm with Horovod's synchronize() protocol")
+    ap.add_argument("--own-batches", action="store_true",
+                    help="--mode check: batches from batch_sizes() instead of LbbspSampler draws")
     ap.add_argument("--skip-every", type=int, default=0,
                     help="with --clip: every K-th step of an epoch synchronize() and no step() (GradScaler's overflow)")
     ap.add_argument("--steps", type=int, default=200)

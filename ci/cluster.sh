@@ -56,6 +56,13 @@
 #       --mca mpi_yield_when_idle 1: the hosts share this machine's cores, and with one slot per host OpenMPI does
 #       not see oversubscription, so a rank waiting in MPI would spin and take a core from the others' compute.
 #   horovodrun without --gloo builds such an mpirun itself (btl_tcp_if_include hvde0, a name valid everywhere).
+#   One scheduler for all hosts: `up` turns the kernel's autogroup off (kernel.sched_autogroup_enabled=0; `down`
+#   puts back the value it found).  Each host's jobs arrive through its own sshd, and sshd starts every session in a
+#   new session group, which autogroup schedules as one unit: the hosts' ranks then shared the 2 cores as four
+#   groups, and a rank whose group had had its share waited 100-400 ms for a core (every collective of the job with
+#   it) a few times a second, which ranks of one host (one group) never did.  Real hosts have cores of their own;
+#   without autogroup the ranks of all hosts compete thread by thread, as the ranks of a one-host job do, so the
+#   cluster adds the network and nothing else.
 #   A link that dies mid-job (ip link set hvde-hK-br down): Gloo ranks give up after HOROVOD_GLOO_TIMEOUT_SECONDS
 #   (default 30 s) and horovodrun ends the job with an error; under mpirun the job hangs (btl tcp has no timeout),
 #   so wrap mpirun in `timeout`.
@@ -274,7 +281,12 @@ do_down() {
     rm -f "$CACHE/created-run-sshd"
   fi
   rm -rf "$RUN"
-  # 7. /run/netns, if `up` made it: the first `ip netns add` creates it as a bind mount of itself.  Only when no
+  # 7. The kernel's autogroup setting, if `up` changed it (scheduler_autogroup).
+  if [ -e "$CACHE/autogroup-was" ]; then
+    sysctl -qw "kernel.sched_autogroup_enabled=$(cat "$CACHE/autogroup-was")" 2>/dev/null || true
+    rm -f "$CACHE/autogroup-was"
+  fi
+  # 8. /run/netns, if `up` made it: the first `ip netns add` creates it as a bind mount of itself.  Only when no
   #    namespace (ours or anyone's) is left in it.
   if [ -e "$CACHE/created-run-netns" ]; then
     if [ -d /run/netns ] && [ -z "$(ls -A /run/netns)" ]; then
@@ -368,10 +380,21 @@ check_subnet_free() {
   [ -z "$other" ] || die "subnet $SUBNET is already routed here ($other); set HVDE_CLUSTER_NET=a.b.c to another /24"
 }
 
+# Autogroup off while the cluster is up (header, "One scheduler for all hosts"); the value found is kept for `down`.
+scheduler_autogroup() {
+  local knob=/proc/sys/kernel/sched_autogroup_enabled
+  [ -w "$knob" ] || return 0
+  if [ "$(cat "$knob")" != 0 ]; then
+    [ -e "$CACHE/autogroup-was" ] || cat "$knob" >"$CACHE/autogroup-was"
+    echo 0 >"$knob"
+  fi
+}
+
 do_up() {
   local n="$1" rate="$2" venv="$3" bits="" k name addr veth want
   want="n=$n rate=${rate:-none} venv=$venv net=$NET"
   if [ -f "$RUN/state" ] && [ "$(cat "$RUN/state")" = "$want" ] && cluster_healthy "$n"; then
+    scheduler_autogroup
     log "cluster already up ($want)"
     return 0
   fi
@@ -396,6 +419,7 @@ do_up() {
   fi
 
   [ -e /run/netns ] || touch "$CACHE/created-run-netns"
+  scheduler_autogroup
 
   # The bridge in the root namespace, with the launcher's address.
   ip link add "$BRIDGE" type bridge
@@ -453,6 +477,8 @@ do_status() {
   venv_note="$(sed -n 's/^SetEnv PATH=//p' "$RUN/${PREFIX}1.sshd_config" 2>/dev/null || true)"
   hosts="$(cluster_namespaces | sort -V | paste -sd, -)"
   hslots="$(cluster_namespaces | sort -V | sed 's/$/:1/' | paste -sd, -)"
+  echo "scheduler: kernel.sched_autogroup_enabled=$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo n/a)" \
+    "(up sets 0; down restores $(cat "$CACHE/autogroup-was" 2>/dev/null || echo 'nothing: unchanged'))"
   echo
   echo "launch (venv bin first on PATH, OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1):"
   echo "  horovodrun -np $(cluster_namespaces | wc -l) -H $hslots --gloo --network-interface $IFACE python x.py"

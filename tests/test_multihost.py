@@ -36,12 +36,24 @@ def cluster():
     probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"multi-host tests need `ip netns`: {probe.stderr.strip()[:100]}")
+    autogroup_before = _autogroup()
     up = _cluster("up", str(len(HOSTS)), "--rate", "1gbit", "--venv", os.path.dirname(BIN), check=False)
     if up.returncode != 0:
         _cluster("down", check=False)
         pytest.fail(f"ci/cluster.sh up failed: {up.stderr[-2000:]}")
+    # one scheduler for all hosts while the cluster is up (ci/cluster.sh, "One scheduler for all hosts")
+    assert _autogroup() in (None, "0")
     yield HOSTS
     _cluster("down")
+    assert _autogroup() == autogroup_before, "ci/cluster.sh down did not restore kernel.sched_autogroup_enabled"
+
+
+def _autogroup():
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 def _command(launcher, script, args, np=4, env=None):

@@ -58,9 +58,9 @@
 #   horovodrun without --gloo builds such an mpirun itself (btl_tcp_if_include hvde0, a name valid everywhere).
 #   One scheduler for all hosts: `up` turns the kernel's autogroup off (kernel.sched_autogroup_enabled=0; `down`
 #   puts back the value it found).  Each host's jobs arrive through its own sshd, and sshd starts every session in a
-#   new session group, which autogroup schedules as one unit: the hosts' ranks then shared the 2 cores as four
-#   groups, and a rank whose group had had its share waited 100-400 ms for a core (every collective of the job with
-#   it) a few times a second, which ranks of one host (one group) never did.  Real hosts have cores of their own;
+#   new session group, which autogroup schedules as one unit: with it on, the hosts' ranks share the 2 cores as four
+#   groups, and a few times a second a rank whose group has had its share waits 100-400 ms for a core (and every
+#   collective of the job with it), which ranks of one host (one group) do not.  Real hosts have cores of their own;
 #   without autogroup the ranks of all hosts compete thread by thread, as the ranks of a one-host job do, so the
 #   cluster adds the network and nothing else.
 #   A link that dies mid-job (ip link set hvde-hK-br down): Gloo ranks give up after HOROVOD_GLOO_TIMEOUT_SECONDS

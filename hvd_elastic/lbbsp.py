@@ -77,8 +77,7 @@ class LbbspController:
         self.drawn_at = -1                 # self.steps when the sampler last handed out a batch
         self.pass_start = False            # the batch drawn for this step is the first of a pass over the data
         # Set by a frontend from a step's backward until its step(): ends that step without applying it, where the
-        # script skipped step() (torch.amp.GradScaler does after an overflow); the sampler's next draw and the
-        # optimizer's zero_grad() call it
+        # script skipped step() (torch.amp.GradScaler does after an overflow); see end_unstepped
         self.unstepped: Optional[Callable[[], None]] = None
         self.history = [[] for _ in range(size)]   # per-sample ns, per rank (cpu mode)
         self.window_times: List[np.ndarray] = []   # gpu mode: step times since the last update
@@ -177,6 +176,12 @@ class LbbspController:
         session.telemetry.add_step(compute + (t2 - t1), blocked)
         session.last_step_end = t2
 
+    def end_unstepped(self):
+        """End, unapplied, a step whose backward ran and whose step() the script skipped (:attr:`unstepped`), if
+        there is one: the sampler's next draw and the optimizer's zero_grad() call this."""
+        if self.unstepped is not None:
+            self.unstepped()
+
     def local_batch(self) -> int:
         return self.drawn if self.drawn is not None else self.sizes[self.rank]
 
@@ -189,7 +194,7 @@ class LbbspController:
         if self.steps == 0 or meta[:, 2].any() or (self.mode == "gpu" and not resize):
             # The first step's time includes each rank's start-up since the optimizer was built, and the first step
             # of a pass over the data the framework's epoch-boundary work (a tenth of a second or more under Keras,
-            # uneven across ranks): not a speed.
+            # uneven across ranks): not a speed. In gpu mode a step ended unapplied is not a window's sample either.
             new = self.sizes
         elif self.mode == "gpu":
             self.window_times.append(step_ns.copy())
@@ -304,8 +309,7 @@ class BatchPlan:
         order = self.order(epoch)
         for i in range(len(self)):
             ctl = self._controller()
-            if ctl.unstepped is not None:
-                ctl.unstepped()
+            ctl.end_unstepped()
             if ctl.drawn is not None and ctl.drawn_at == ctl.steps:
                 raise HvdElasticError(f"{what}: a batch was drawn before the previous one was stepped; lbbsp decides "
                                       f"each batch's size after the previous step, so draw one batch per step")

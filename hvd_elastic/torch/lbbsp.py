@@ -113,15 +113,17 @@ class _Overlap:
         table, blocked = self.ctl.finish_overlapped(wait_table, wait_gradients, divide)
         self.exchanged = table, compute, blocked, time.perf_counter()
 
-    def step(self, apply=None, resize=True):
+    def step(self, applied=True):
+        """End this step: the user's optimizer step over the global-batch gradient and the next sizes, or, not
+        `applied` (a step the script skipped), neither."""
         self.synchronize()
         table, compute, blocked, done = self.exchanged
         self.exchanged = None
         self.ctl.unstepped = None
         # what the script did between synchronize() and step() (clipping) counts as compute
         compute += time.perf_counter() - done
-        self.ctl.end_step(self.session, table, compute, blocked, apply or self.optimizer._hvd_elastic_inner_step,
-                          resize)
+        apply = self.optimizer._hvd_elastic_inner_step if applied else (lambda: None)
+        self.ctl.end_step(self.session, table, compute, blocked, apply, resize=applied)
 
     def _unapplied(self):
         """The script skipped step() after this step's backward (torch.amp.GradScaler does after an overflow, on every
@@ -129,7 +131,7 @@ class _Overlap:
         the sizes stay as they are (a script that drew its batch from batch_sizes() before its zero_grad() ended
         this step drew the size the next step weights it by); LbbspController.unstepped."""
         self.session.telemetry.count("lbbsp_unapplied_steps")
-        self.step(apply=lambda: None, resize=False)
+        self.step(applied=False)
 
 
 def _lbbsp_step(self, closure=None):
@@ -156,9 +158,7 @@ def _lbbsp_zero_grad(self, *args, **kwargs):
     """zero_grad() under lbbsp: a step whose backward ran and whose step() the script skipped (torch.amp.GradScaler
     after an overflow) is ended unapplied first, as LbbspSampler's next draw ends it, so that its reductions are
     complete before the gradients are zeroed and the next backward starts a new step."""
-    overlap = self._hvd_elastic_overlap
-    if overlap.ctl.unstepped is not None:
-        overlap.ctl.unstepped()
+    self._hvd_elastic_overlap.ctl.end_unstepped()
     return self._hvd_elastic_base.zero_grad(self, *args, **kwargs)
 
 

@@ -1,4 +1,5 @@
-"""Invariant 8 (start-up part): bad settings stop every rank with one clear line, non-zero exit, no hang.
+"""Invariant 8 (docs/design.md, "Invariants"), start-up part: bad settings stop every rank with one clear line,
+non-zero exit, no hang.
 
 On real launches (tests/workers/config_check.py, both launchers): a bad value, ranks that disagree, and good settings
 with a keyword override -- the path from the ranks' settings through their comparison to the one line each rank

@@ -1,6 +1,7 @@
-"""Invariant 1: bsp through the plugin equals plain Horovod (same weights after k steps). The plugin's bsp is
-Horovod's own optimizer, so the launcher (MPI or Gloo collectives) is the same on both sides of the comparison: one
-launcher here; bsp under horovodrun runs in tests/test_faults.py, test_synthetic_examples.py and test_elastic.py."""
+"""Invariant 1 (docs/design.md, "Invariants"): bsp through the plugin equals plain Horovod (same weights after k
+steps). The plugin's bsp is Horovod's own optimizer, so the launcher (MPI or Gloo collectives) is the same on both
+sides of the comparison: one launcher here; bsp under horovodrun runs in tests/test_faults.py,
+test_synthetic_examples.py and test_elastic.py."""
 import json
 import os
 

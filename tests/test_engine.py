@@ -1,4 +1,4 @@
-"""The sync engine's invariants (docs/design.md, architecture.md's invariants 2-5 and 7) in one process: n ranks as
+"""The sync engine's invariants (docs/design.md, "Invariants", 2-5 and 7) in one process: n ranks as
 threads with an in-memory allreduce (tests/harness.py), under scripted schedules, some of which are rare on real
 machines (a rank stalled for many steps, bursts, ranks finishing far apart). Every property here must hold for any
 interleaving of the threads, so a run either keeps it or the engine is wrong."""

@@ -24,7 +24,8 @@ EQUAL = [[FAST]] * 4
 
 
 def _nothing_lost(run):
-    """Invariants 3 and 4: every rank applied every push exactly once; finish left identical replicas."""
+    """Invariants 3 and 4 (docs/design.md, "Invariants"): every rank applied every push exactly once; finish left
+    identical replicas."""
     pushed = run.pushed()
     assert pushed == sum(run.steps), (pushed, run.steps)
     assert all(c["applied_contributions"] == pushed for c in run.counters), run.counters

@@ -1,8 +1,9 @@
-"""Faults (issue 14): a rank stopped (SIGSTOP) or killed ends the job under every policy, bsp included, within
-HVD_ELASTIC_STALL_TIMEOUT plus a few seconds, non-zero, with the plugin's own line naming the rank, printed by the
-live rank (hvd_elastic/watchdog.py). Faults come from tests/workers/faults.py (TEST_FAULT*), on real launchers: each
-place a live rank can wait in (Horovod's allreduce under bsp and lbbsp, the engine under the relaxed policies, finish,
-a collective of the script's own, Keras' compiled train step) once, under one launcher or the other.
+"""Faults (docs/design.md, "Faults"): a rank stopped (SIGSTOP) or killed ends the job under every policy, bsp
+included, within HVD_ELASTIC_STALL_TIMEOUT plus a few seconds, non-zero, with the plugin's own line naming the rank,
+printed by the live rank (hvd_elastic/watchdog.py). Faults come from tests/workers/faults.py (TEST_FAULT*), on real
+launchers: each place a live rank can wait in (Horovod's allreduce under bsp and lbbsp, the engine under the relaxed
+policies, finish, a collective of the script's own, Keras' compiled train step) once, under one launcher or the
+other.
 
 These jobs spend most of their time waiting for the stall timeout, so the module runs them side by side (at most
 PARALLEL at once, the jobs of the selected tests only); each test then reads its own job's result."""

@@ -1,8 +1,8 @@
-"""Horovod compatibility (issue 13): the properties Horovod's own test_torch.py optimizer tests check, under bsp and
-the relaxed policies, with the swap by assignment ``hvd.DistributedOptimizer = hvde.DistributedOptimizer``: asp
-stands for the gradient policies without barriers (ssp and dssp take the same frontend and engine path, plus a
-staleness gate: tests/test_engine.py), zipline for barriers (no collective of the script's own mid-training), wbsp
-for deltas.
+"""Horovod compatibility (docs/horovod-compat.md): the properties Horovod's own test_torch.py optimizer tests check,
+under bsp and the relaxed policies, with the swap by assignment ``hvd.DistributedOptimizer =
+hvde.DistributedOptimizer``: asp stands for the gradient policies without barriers (ssp and dssp take the same
+frontend and engine path, plus a staleness gate: tests/test_engine.py), zipline for barriers (no collective of the
+script's own mid-training), wbsp for deltas.
 
 One 2-rank job per launcher runs every check under two policies, one after the other in one process
 (tests/workers/compat_torch.py lists the checks): several live optimizers, broadcast_optimizer_state and a checkpoint

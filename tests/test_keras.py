@@ -1,5 +1,5 @@
-"""Keras 3 / TensorFlow frontend on real 2-rank runs (issue 5): model.fit and custom loops through the same sync
-engine as PyTorch.
+"""Keras 3 / TensorFlow frontend on real 2-rank runs: model.fit and custom loops through the same sync engine as
+PyTorch, with the invariants of docs/design.md ("Invariants") that apply to them.
 
 - bsp: model.fit (graph mode) and a GradientTape loop give the weights of a single-process run over the combined
   batch (plain SGD), identical on both ranks, from different initial weights (the broadcast fixes them);

@@ -1,4 +1,4 @@
-"""LB-BSP for Keras 3 model.fit on real multi-rank runs (invariant 6 of architecture.md; issue 6, Keras half).
+"""LB-BSP for Keras 3 model.fit on real multi-rank runs (docs/design.md, "Invariants", 6).
 
 - every step's batch sizes sum to the global batch B and are the same on every rank; the tf.data pipeline of
   hvd_elastic.keras.lbbsp_dataset gives each rank exactly the size decided for it;

@@ -1,4 +1,4 @@
-"""LB-BSP on real multi-rank runs (invariant 6 of architecture.md; issue 6, PyTorch half).
+"""LB-BSP under PyTorch on real multi-rank runs (docs/design.md, "Invariants", 6; the rule: docs/algorithms.md).
 
 - every step's batch sizes sum to the global batch B (recorded by every rank: every rank sees the same sizes);
 - within an epoch every sample is processed exactly once across ranks (every rank records its indices);

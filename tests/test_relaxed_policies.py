@@ -1,6 +1,7 @@
-"""Relaxed policies on real multi-rank runs under mpirun: what needs real processes, Horovod's collectives and a
-real model -- a large model's streamed pushes, asp's fast ranks running ahead of a straggler, zipline's barriers and
-wbsp's downloads under a straggler, each with the invariants (nothing lost, identical replicas) and learning.
+"""Relaxed policies on real multi-rank runs under mpirun: what needs real processes, Horovod's collectives and a real
+model -- a large model's streamed pushes, asp's fast ranks running ahead of a straggler, zipline's barriers and
+wbsp's downloads under a straggler, each with the invariants (docs/design.md, "Invariants": nothing lost, identical
+replicas) and learning.
 
 Each policy is trained on 4 ranks (rank 3 ten times slower, injected as sleep) until a global budget of steps, one
 policy after the other in one job (the policy and its knobs as the optimizer's keywords). The engine's logic under

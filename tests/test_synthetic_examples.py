@@ -1,4 +1,4 @@
-"""Horovod's synthetic benchmarks as examples of this repository (issue 13, item 6):
+"""Horovod's synthetic benchmarks as examples of this repository:
 examples/torch_synthetic_benchmark.py and examples/keras_synthetic_benchmark.py run on 2 ranks with real launchers
 (mpirun and horovodrun alternate), print positive finite img/sec figures, take the steps asked, and end with the
 plugin's report; Horovod's --fp16-allreduce works under bsp and is refused with one line elsewhere.

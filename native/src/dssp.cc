@@ -1,4 +1,4 @@
-// DSSP credit rule and SyncController (algorithms.md, "DSSP").
+// DSSP credit rule and SyncController (docs/algorithms.md, "DSSP").
 #include "hvd_elastic/dssp.h"
 
 #include <algorithm>
@@ -42,7 +42,7 @@ int dssp_sync_controller(int64_t last_p, int64_t interval_p, int64_t last_s, int
   HVD_REQUIRE(interval_s == 0 || interval_s <= (kMax - last_s) / steps, where,
               "last_s + (r_max + 1) * I_s overflows int64");
 
-  // Sim_p[i] = last_p + i*I_p, Sim_s[k] = last_s + (k+1)*I_s (algorithms.md, DSSP SyncController). Both ascend, so
+  // Sim_p[i] = last_p + i*I_p, Sim_s[k] = last_s + (k+1)*I_s (docs/algorithms.md, "DSSP"). Both ascend, so
   // the first k with Sim_s[k] >= Sim_p[i] only moves forward as i grows: two pointers, O(r_max).
   int best_i = 0;
   int64_t best_d = kMax;

@@ -1,4 +1,4 @@
-// GridScan and FullGridScan (algorithms.md, "ElasticBSP and ZipLine": the papers' reference variants), kept
+// GridScan and FullGridScan (docs/algorithms.md, "ElasticBSP and ZipLine": the papers' reference variants), kept
 // deliberately naive so their decision cost matches the complexity the papers report.
 #include <algorithm>
 #include <limits>

@@ -1,4 +1,4 @@
-// LB-BSP batch sizing (algorithms.md, "LB-BSP"): CPU mode (proportional to throughput) and GPU mode (step search).
+// LB-BSP batch sizing (docs/algorithms.md, "LB-BSP"): CPU mode (proportional to throughput) and GPU mode (step search).
 #include "hvd_elastic/lbbsp.h"
 
 #include <algorithm>
@@ -89,7 +89,7 @@ std::vector<int64_t> lbbsp_batch_sizes_cpu(const std::vector<double>& throughput
   std::vector<double> v(n);
   for (size_t p = 0; p < n; ++p) v[p] = std::max(throughput[p] / vmax, 1e-300);
 
-  // b_p = B v_p / sum v, bounded to [1, cap_p] (algorithms.md, LB-BSP CPU clusters).
+  // b_p = B v_p / sum v, bounded to [1, cap_p] (docs/algorithms.md, "LB-BSP", cpu mode).
   const double lambda = water_level(v, B, caps);
   std::vector<int64_t> b(n);
   std::vector<double> frac(n);

@@ -58,7 +58,7 @@ int64_t to_ns(double x) {
 
 int64_t predict_last_interval(const std::vector<int64_t>& history) {
   check_history(history, "predict_last_interval");
-  return history.back();  // I_p (algorithms.md, ElasticBSP / DSSP)
+  return history.back();  // I_p (docs/algorithms.md, "Predictors")
 }
 
 int64_t predict_median_interval(const std::vector<int64_t>& history, int window) {

@@ -1,4 +1,4 @@
-// SSP gate (algorithms.md, "BSP, ASP, SSP"): p may start iteration t_p + 1 iff t_p - min_q t_q <= s.
+// SSP gate (docs/algorithms.md, "SSP"): p may start iteration t_p + 1 iff t_p - min_q t_q <= s.
 #include "hvd_elastic/ssp.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// WBSP download gate (algorithms.md, "WBSP"): download only after the slowest worker's upload is in.
+// WBSP download gate (docs/algorithms.md, "WBSP"): download only after the slowest worker's upload is in.
 #include "hvd_elastic/wbsp.h"
 
 #include <string>

@@ -1,4 +1,4 @@
-// ZipLine (algorithms.md, "ElasticBSP and ZipLine"): choose Z = {e_p[j_p]} minimizing d_Z = max(Z) - min(Z).
+// ZipLine (docs/algorithms.md, "ElasticBSP and ZipLine"): choose Z = {e_p[j_p]} minimizing d_Z = max(Z) - min(Z).
 #include "hvd_elastic/zipline.h"
 
 #include <algorithm>
@@ -136,7 +136,7 @@ std::vector<int64_t> predict_push_times(const std::vector<int64_t>& last_ns, con
                       " (no push recorded?)");
     if (I_p > 0 && I_p > (std::numeric_limits<int64_t>::max() - last) / R)
       fail(where, "last_p + R * I_p overflows int64 for worker " + std::to_string(p));
-    // e_p[i] = last_p + i * I_p, i = 1..R (algorithms.md, ElasticBSP: prediction from the latest interval)
+    // e_p[i] = last_p + i * I_p, i = 1..R (docs/algorithms.md, "ElasticBSP and ZipLine")
     for (int i = 1; i <= R; ++i) out[p * R + (i - 1)] = last + static_cast<int64_t>(i) * I_p;
   }
   return out;

@@ -1,4 +1,4 @@
-"""ASP: asynchronous parallel (algorithms.md, "BSP, ASP, SSP"): push every step, apply every tick, never wait for
+"""ASP: asynchronous parallel (docs/algorithms.md, "ASP"): push every step, apply every tick, never wait for
 another rank; staleness unbounded."""
 from .base import Policy
 

@@ -1,4 +1,4 @@
-"""SSP and DSSP: staleness-bounded rules (algorithms.md, "BSP, ASP, SSP" and "DSSP")."""
+"""SSP and DSSP: staleness-bounded rules (docs/algorithms.md, "SSP" and "DSSP")."""
 from __future__ import annotations
 
 import collections

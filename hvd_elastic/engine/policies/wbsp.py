@@ -1,4 +1,4 @@
-"""WBSP: worker-busy synchronous parallel (algorithms.md, "WBSP")."""
+"""WBSP: worker-busy synchronous parallel (docs/algorithms.md, "WBSP")."""
 from __future__ import annotations
 
 import dataclasses
@@ -39,7 +39,8 @@ class Wbsp(Policy):
         self.intervals = Intervals(size, None, history=self.SLOWEST_HISTORY)   # fed from the tick stream
         self.slowest = -1
         self.downloaded_clocks = np.zeros(size, np.int64)   # uploads of each rank inside the W last downloaded
-        self.stale_downloads = 0   # downloads that brought no new upload of the slowest: must stay 0 (invariant 7)
+        # downloads that brought no new upload of the slowest: must stay 0 (docs/design.md, "Invariants", 7)
+        self.stale_downloads = 0
 
     def max_inflight(self, interval_ns: int, push_latency_s: float) -> int:
         return 1 if self.cfg.wbsp_overlap else 0   # overlap: the upload of step k travels while step k+1 computes

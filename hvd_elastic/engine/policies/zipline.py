@@ -1,4 +1,4 @@
-"""ElasticBSP with ZipLine barriers (algorithms.md, "ElasticBSP and ZipLine")."""
+"""ElasticBSP with ZipLine barriers (docs/algorithms.md, "ElasticBSP and ZipLine")."""
 from __future__ import annotations
 
 from typing import Optional

@@ -1,4 +1,4 @@
-// DSSP: Dynamic Stale Synchronous Parallel (algorithms.md, "DSSP"; Zhao et al., ICDCS 2019).
+// DSSP: Dynamic Stale Synchronous Parallel (docs/algorithms.md, "DSSP"; Zhao et al., ICDCS 2019).
 //
 // The user gives [s_L, s_U]; r_max = s_U - s_L. Each worker carries a credit r_p of extra iterations it may run
 // beyond s_L. Staleness is SSP's: t_p - min_q t_q at the moment p would start its next iteration (ssp.h).

@@ -1,5 +1,5 @@
-// LB-BSP batch sizing (algorithms.md, "LB-BSP"; Chen et al., SoCC 2020): re-size each worker's batch b_p so that all
-// workers finish an iteration together while the global batch B = sum_p b_p stays constant.
+// LB-BSP batch sizing (docs/algorithms.md, "LB-BSP"; Chen et al., SoCC 2020): re-size each worker's batch b_p so
+// that all workers finish an iteration together while the global batch B = sum_p b_p stays constant.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,6 @@
-// Predictors of a worker's next iteration interval(s) from its history (algorithms.md: ElasticBSP and DSSP use the
-// latest interval I_p; LB-BSP predicts throughput with a NARX model). History: intervals in ns, oldest first, >= 0.
+// Predictors of a worker's next iteration interval(s) from its history (docs/algorithms.md, "Predictors": ElasticBSP
+// and DSSP use the latest interval I_p; LB-BSP predicts throughput with a NARX model). History: intervals in ns,
+// oldest first, >= 0.
 // Every predictor is a pure function of the history, so all ranks predict the same value.
 #pragma once
 

@@ -1,4 +1,4 @@
-// SSP gate (algorithms.md, "BSP, ASP, SSP"; Ho et al., NIPS 2013).
+// SSP gate (docs/algorithms.md, "SSP"; Ho et al., NIPS 2013).
 //
 // Clocks t_q count completed pushes. Worker p, having pushed t_p updates, asks whether it may START iteration
 // t_p + 1. It may iff its staleness t_p - min_q t_q <= s: the model it reads then misses at most s of the slowest

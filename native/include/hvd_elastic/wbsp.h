@@ -1,4 +1,4 @@
-// WBSP download gate (algorithms.md, "WBSP"; Yang et al., Parallel Computing 2024).
+// WBSP download gate (docs/algorithms.md, "WBSP"; Yang et al., Parallel Computing 2024).
 //
 // Every worker uploads after every local step; worker p may download the global model only after the slowest worker
 // (longest measured iteration time: WorkerClocks::slowest_by_interval) has uploaded since p's last download, so

@@ -1,4 +1,4 @@
-// ElasticBSP barrier placement (algorithms.md, "ElasticBSP and ZipLine"): ZipLine and the papers' reference
+// ElasticBSP barrier placement (docs/algorithms.md, "ElasticBSP and ZipLine"): ZipLine and the papers' reference
 // variants GridScan and FullGridScan.
 //
 // Input: for each of n workers its next R predicted push times e_p[1..R] (integer ns, >= 0, non-decreasing).

@@ -15,6 +15,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import keras  # noqa: E402
 
 import hvd_elastic.keras as hvdk  # noqa: E402
+from hvd_elastic import registry  # noqa: E402
 from benchmarks.matrix import worker_arguments, worker_straggler  # noqa: E402
 
 
@@ -66,7 +67,7 @@ def main():
     x_tr, y_tr, x_te, y_te = (data[k] for k in ("x_tr", "y_tr", "x_te", "y_te"))
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"),
                               keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])
-    lbbsp = os.environ.get("HVD_ELASTIC_POLICY") == "lbbsp"
+    lbbsp = registry.policy(os.environ.get("HVD_ELASTIC_POLICY", registry.DEFAULT)).balances_batches
     B = args.batch_size * size
     opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(args.lr * size, momentum=args.momentum),
                                     **({"global_batch": B} if lbbsp else {}))

@@ -22,10 +22,12 @@ import sys
 
 from cluster import launch_command, link_bytes   # benchmarks/cluster.py (this script runs as a file)
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from hvd_elastic import registry  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "benchmarks", "scale_worker.py")
 BATCH = 16   # samples per rank per step
-GRADIENT = ("asp", "ssp", "dssp", "zipline")   # the policies with the lock-step fallback
 POLICIES = {"horovod": None, "bsp": {"HVD_ELASTIC_POLICY": "bsp"}, "lbbsp": {"HVD_ELASTIC_POLICY": "lbbsp"},
             "asp": {"HVD_ELASTIC_POLICY": "asp"}, "ssp": {"HVD_ELASTIC_POLICY": "ssp"},
             "dssp": {"HVD_ELASTIC_POLICY": "dssp"}, "zipline": {"HVD_ELASTIC_POLICY": "zipline"},
@@ -48,11 +50,12 @@ def run_cell(policy, params_m, ranks, steps, timeout, device="cpu", launcher="mp
     env.update({"PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""), "HOROVOD_LOG_LEVEL": "warning",
                 "OMPI_MCA_rmaps_base_oversubscribe": "1", "HVD_ELASTIC_REPORT": "0"})
     env.update(POLICIES[policy] or {})
-    if env.get("HVD_ELASTIC_POLICY") in GRADIENT and not fallback:
+    spec = registry.policy(env["HVD_ELASTIC_POLICY"]) if "HVD_ELASTIC_POLICY" in env else None
+    if spec is not None and spec.reads("relax_min_gain") and not fallback:
         # each policy's own machinery: runs this short would otherwise be the lock-step fallback's first
         # measurement throughout (at equal speeds: lock-step, which --fallback measures)
         env["HVD_ELASTIC_RELAX_MIN_GAIN"] = "0"
-    if policy == "lbbsp":   # the global batch it re-divides: the same samples per step as every other policy
+    if spec is not None and spec.balances_batches:   # the global batch it re-divides: the same samples per step as every other policy
         env["HVD_ELASTIC_GLOBAL_BATCH"] = str(BATCH * ranks)
     program = [sys.executable, WORKER, "--params", str(params_m), "--steps", str(steps), "--warmup", str(warmup),
                "--batch", str(BATCH), "--impl", "horovod" if policy == "horovod" else "hvd_elastic", "--device", device]

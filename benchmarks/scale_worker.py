@@ -10,11 +10,14 @@ job's throughput. Writes one JSON line on rank 0 with per-rank step time, peak R
 """
 import argparse
 import json
+import os
 import resource
 import time
 
 import horovod.torch as hvd
 import torch
+
+from hvd_elastic import registry
 
 WIDTH = {1: 512, 10: 1024, 30: 2048, 100: 4096}
 
@@ -59,7 +62,7 @@ def main():
     else:
         import hvd_elastic.torch as hvde
         opt = hvde.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
-        lbbsp = opt._hvd_elastic.cfg.policy == "lbbsp"
+        lbbsp = registry.policy(os.environ.get("HVD_ELASTIC_POLICY", registry.DEFAULT)).balances_batches
 
     def batch_of():
         return hvde.batch_sizes(opt)[rank] if lbbsp else args.batch
@@ -116,7 +119,8 @@ def main():
         bytes_per_step = counters["bytes_reduced"] / steps
     else:
         policy = report["policy"] if report else "horovod"
-        bytes_per_step = 4.0 * (numel + (size * 3 * 4 if policy == "lbbsp" else 0))
+        balances = policy in registry.NAMES and registry.policy(policy).balances_batches
+        bytes_per_step = 4.0 * (numel + (size * 3 * 4 if balances else 0))
     mine = {"rank": rank, "step_s": elapsed / max(local, 1), "elapsed_s": elapsed, "local_steps": local,
             "steps_total": steps,
             "samples_per_s": samples[0] / elapsed, "peak_gpu_mb": gpu_mb,

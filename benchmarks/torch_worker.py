@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 import hvd_elastic.torch as hvde
 from benchmarks.matrix import worker_arguments, worker_straggler
+from hvd_elastic import registry
 from hvd_elastic.telemetry import Telemetry, finish_report
 
 
@@ -68,14 +69,15 @@ def main():
                                        gradient_predivide_factor=predivide)
         policy, telemetry = "horovod", Telemetry(rank, size, "horovod")
     else:
-        lbbsp = os.environ.get("HVD_ELASTIC_POLICY") == "lbbsp"
+        lbbsp = registry.policy(os.environ.get("HVD_ELASTIC_POLICY", registry.DEFAULT)).balances_batches
         opt = hvde.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
                                         **({"global_batch": args.batch_size * size} if lbbsp else {}))
         policy, telemetry = opt._hvd_elastic.cfg.policy, None
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
 
-    if policy == "lbbsp":
+    spec = registry.policy(policy) if policy in registry.NAMES else None
+    if spec is not None and spec.balances_batches:
         sampler = hvde.LbbspSampler(len(x_tr), opt, seed=args.seed)
 
         def batches():
@@ -101,7 +103,7 @@ def main():
         # in steps of --batch-size samples (an lbbsp step of B samples counts `size` of them)
         return local * size if policy == "horovod" else hvde.global_steps(opt)
 
-    if policy == "wbsp":
+    if spec is not None and spec.deltas:
         # the global model W the ranks download (trainable parameters flattened in model.parameters() order);
         # every tick updates it in place, the copy keeps this snapshot's values
         updates = opt._hvd_elastic.engine.updates

@@ -21,11 +21,11 @@ import os
 import re
 from typing import Any, Callable, Dict, Mapping, Optional
 
+from . import registry
 from .errors import ConfigError, install_excepthook
 
 PREFIX = "HVD_ELASTIC_"
-POLICIES = ("bsp", "asp", "ssp", "dssp", "zipline", "lbbsp", "wbsp")
-LOCKSTEP_POLICIES = ("bsp", "lbbsp")   # every rank takes every step together (the others: a sync engine)
+POLICIES = registry.NAMES     # the accepted names; what each policy is: hvd_elastic/registry.py
 PREDICTORS = ("last", "median", "ewma", "arx")
 LBBSP_MODES = ("cpu", "gpu")
 TICK_PACINGS = ("probe", "join", "auto")   # engine/pacing.py implements them
@@ -41,12 +41,16 @@ class Knob:
     parse: Callable[[str, "Knob"], Any]
     accepted: str        # how the accepted values are described in errors and in the README
     summary: str         # the README's knobs table: one short line (<= SUMMARY_MAX characters), what it does now
-    used_by: tuple = ()  # policies that read this knob; empty: every policy
     doc: str = ""        # the full description, where the summary is not all there is to say
 
     @property
     def variable(self) -> str:
         return PREFIX + self.name.upper()
+
+    @property
+    def used_by(self) -> tuple:
+        """The policies that read this knob (each policy declares its knobs in the registry); empty: every policy."""
+        return registry.readers(self.name)
 
 
 def _choice(values):
@@ -135,39 +139,35 @@ def _per_rank_int(minimum):
     return parse
 
 
-_RELAXED = ("asp", "ssp", "dssp", "zipline", "wbsp")   # the policies that run the sync engine (ticks)
-_GRADIENT = ("asp", "ssp", "dssp", "zipline")          # the relaxed policies that push gradients (wbsp: deltas)
-
 KNOBS = (
-    Knob("policy", "bsp", _choice(POLICIES), "|".join(POLICIES),
+    Knob("policy", registry.DEFAULT, _choice(POLICIES), "|".join(POLICIES),
          "Synchronization model; bsp is exactly Horovod's behaviour."),
     Knob("staleness", 3, _int(0), "integer >= 0",
-         "Staleness bound s: a rank may lead the slowest by at most s clocks; 0 is bsp.", ("ssp",)),
+         "Staleness bound s: a rank may lead the slowest by at most s clocks; 0 is bsp."),
     Knob("dssp_lower", 3, _int(0), "integer >= 0",
-         "Lower staleness bound s_L.", ("dssp",)),
+         "Lower staleness bound s_L."),
     Knob("dssp_upper", 15, _int(0), "integer >= HVD_ELASTIC_DSSP_LOWER",
-         "Upper staleness bound s_U (r_max = s_U - s_L).", ("dssp",)),
+         "Upper staleness bound s_U (r_max = s_U - s_L)."),
     Knob("lookahead", 15, _int(1), "integer >= 1",
-         "Lookahead R: the most iterations between two barriers; 1 is bsp.", ("zipline",)),
+         "Lookahead R: the most iterations between two barriers; 1 is bsp."),
     Knob("predictor", "last", _choice(PREDICTORS), "|".join(PREDICTORS),
          "Iteration-time predictor of zipline's barriers, dssp's credits and lbbsp's batch sizes.",
-         ("zipline", "dssp", "lbbsp"),
          doc="last (the papers' latest interval), median (of the newest 8), ewma, arx."),
     Knob("lbbsp_mode", "cpu", _choice(LBBSP_MODES), "|".join(LBBSP_MODES),
-         "cpu: batch sizes proportional to throughput; gpu: the step moves within memory caps.", ("lbbsp",)),
+         "cpu: batch sizes proportional to throughput; gpu: the step moves within memory caps."),
     Knob("lbbsp_tolerance", 0.05, _float(0.0, below=1.0), "number in [0, 1)",
-         "Dead band: the batch sizes stay while the finish times differ by at most this fraction.", ("lbbsp",),
+         "Dead band: the batch sizes stay while the finish times differ by at most this fraction.",
          doc="The test: max - min <= tolerance x max over the ranks' (predicted) finish times, in cpu and gpu mode."),
     Knob("global_batch", 0, _int(1), "integer >= the number of ranks",
-         "Global batch B, the fixed sum of the per-rank batch sizes; lbbsp requires it (0: unset).", ("lbbsp",)),
+         "Global batch B, the fixed sum of the per-rank batch sizes; lbbsp requires it (0: unset)."),
     Knob("lbbsp_caps", {}, _per_rank_int(1), "'*:SAMPLES,RANK:SAMPLES,...' with whole SAMPLES >= 1",
-         "Most samples a rank may take per step (memory), for every rank and/or named ranks.", ("lbbsp",)),
+         "Most samples a rank may take per step (memory), for every rank and/or named ranks."),
     Knob("wbsp_overlap", False, _bool, "0|1",
-         "Upload each step from a communication thread while the next step computes.", ("wbsp",)),
+         "Upload each step from a communication thread while the next step computes."),
     Knob("tick_ms", 1.0, _float(0.0, exclusive=True), "number > 0",
-         "Minimum interval between two partial-allreduce ticks, in milliseconds.", _RELAXED),
+         "Minimum interval between two partial-allreduce ticks, in milliseconds."),
     Knob("tick_pacing", "auto", _choice(TICK_PACINGS), "|".join(TICK_PACINGS),
-         "How ticks are paced: probe, join (models under 256K parameters), or auto (chosen per policy).", _RELAXED,
+         "How ticks are paced: probe, join (models under 256K parameters), or auto (chosen per policy).",
          doc="probe: a metadata-only probe shows who has pushed, then a full tick carries the pushes; join: every "
              "tick is full and each rank's tick thread joins it when its own push or its peers' predicted pushes are "
              "due -- one collective per round of pushes; auto (default): join for asp, ssp and dssp once every "
@@ -177,43 +177,40 @@ KNOBS = (
              "docs/benchmarks.md)."),
     Knob("max_inflight", 0, _int_or_auto(0), "integer >= 0|auto",
          "Own pushes a rank may have in flight when it starts a step; auto: the fewest that hide their ticks.",
-         _GRADIENT,
          doc="In flight: pushed, not yet back in a tick. 0 (default): a rank computes on weights that hold its own "
              "last update (staleness ~1 instead of ~n); auto: the fewest that hide the measured push-to-delivery "
              "time behind the step (1 to 4): faster steps, staler gradients (docs/design.md)."),
     Knob("peer_wait", 0.5, _float(0.0), "number >= 0 (fraction of a step; 0: off)",
-         "Fraction of a step a rank waits for equally fast peers, and a tick holds pushes for them.", _GRADIENT,
+         "Fraction of a step a rank waits for equally fast peers, and a tick holds pushes for them.",
          doc="After its update is in, a rank waits at most this fraction of its step time for peers (ranks about as "
              "fast as it is) that are behind, so equally fast ranks compute on the same weights; slower ranks are "
              "never waited for. Also bounds how long a tick holds pending pushes (that fraction of the pushers' "
              "step) for ranks due to push within it, so equally fast ranks share one payload."),
     Knob("relax_min_gain", 1.25, _float(0.0), "number >= 0 (0: always relaxed)",
          "Lock-step (BSP's pace) while relaxing is predicted to give under this many times its pushes/s.",
-         _GRADIENT,
          doc="Measured at run time: each rank's step compute time and push period, lock-step's cost per round, the "
              "relaxed rule's cost per step; the ranks relax while the predicted relaxed/lock-step ratio of pushes "
              "per second is at least this (5% hysteresis), otherwise a rank starts a step only once every rank has "
              "pushed as many updates (staleness 0, as BSP). 1.25: relaxing must promise a quarter more pushes to "
              "pay for its stale gradients; 0: the policy's own rule always (docs/design.md)."),
     Knob("push_at_backward", True, _bool, "0|1",
-         "PyTorch: push a step's gradient as soon as backward has produced it, not at step().", _GRADIENT,
+         "PyTorch: push a step's gradient as soon as backward has produced it, not at step().",
          doc="As Horovod starts its allreduce from backward hooks, so the tick runs while the rank still computes "
              "before step(). A script that changes gradients after backward (optimizer.synchronize() then "
              "clipping, several backward passes per step) is recognised in its first step and pushes at step() "
              "instead; changing them after a push in a later step is a one-line error. Models of 2M parameters or "
              "more stream it: the tick reduces it in chunks while backward still runs (docs/design.md)."),
     Knob("keep_heap", True, _bool, "0|1",
-         "glibc: keep heap memory the process frees for reuse instead of returning it every step.", _RELAXED,
+         "glibc: keep heap memory the process frees for reuse instead of returning it every step.",
          doc="mallopt: trim above 1 GiB, mmap above 32 MiB, once per process; without it the freed top of the heap "
              "goes back to the system and the next step faults its pages back in (hvd_elastic/heap.py). Peak "
              "memory is unchanged; 0 leaves the allocator as it is."),
     Knob("staleness_compensation", "none", _choice(("none", "inverse", "damped")), "none|inverse|damped",
-         "Scale each update by its predicted staleness s: inverse min(1, n/s), damped n/(n+s), or none.", _RELAXED,
+         "Scale each update by its predicted staleness s: inverse min(1, n/s), damped n/(n+s), or none.",
          doc="The weight is predicted when the update is pushed; inverse: min(1, n / staleness) (Zhang et al. 2016, "
              "lr / staleness), damped: n / (n + staleness), none: unscaled (hvd_elastic/engine/staleness.py)."),
     Knob("momentum_per", "round", _choice(("round", "share", "tick")), "round|share|tick",
          "PyTorch momentum: once per n gradients as Horovod (round), by a tick's share (share), or per tick.",
-         _GRADIENT,
          doc="PyTorch optimizers with a momentum setting. round: once per n gradients, as under Horovod -- SGD: "
              "the tick in which a round starts takes SGD's step, a tick continuing the round adds its gradient "
              "without decaying the momentum (a split round is exactly one SGD step); other optimizers (RMSprop): "
@@ -224,7 +221,7 @@ KNOBS = (
     Knob("emulate_slowdown", {}, _per_rank(1.0), "'*:FACTOR,RANK:FACTOR,...' with FACTOR >= 1",
          "Emulated straggler: a rank's compute takes FACTOR times as long (the extra is slept)."),
     Knob("emulate_sample_delay", {}, _per_rank(0.0), "'*:SECONDS,RANK:SECONDS,...' with SECONDS >= 0",
-         "Emulated straggler: extra sleep per sample of the rank's batch.", ("lbbsp",)),
+         "Emulated straggler: extra sleep per sample of the rank's batch."),
     Knob("emulate_jitter", {}, _per_rank(0.0), "'*:J,RANK:J,...' with J >= 0",
          "Emulated noise: each step's emulated sleep is scaled by a factor drawn in [1 - J, 1 + J].",
          doc="The factor is drawn uniformly in [1 - J, 1 + J] (at least 0)."),
@@ -257,6 +254,11 @@ class _ConfigMethods:
     def from_env(cls, environ: Optional[Mapping[str, str]] = None, **overrides) -> "Config":
         """Parse the environment (default ``os.environ``) and keyword overrides; raise ConfigError on bad input."""
         return parse_settings(raw_settings(environ, overrides))
+
+    @property
+    def spec(self) -> registry.Policy:
+        """What the configured policy is (hvd_elastic/registry.py): ask it, never the policy's name."""
+        return registry.policy(self.policy)
 
     def per_rank(self, name: str, rank: int, size: int, default: Optional[float] = None) -> float:
         """Value of a per-rank knob (emulate_delay / emulate_slowdown / ...) for `rank`; checks ranks exist."""
@@ -340,8 +342,8 @@ def parse_settings(raw: Mapping[str, list]) -> Config:
 
 def unused_settings(raw: Mapping[str, list], cfg: Config) -> list:
     """Names of knobs that were set but that the chosen policy does not read (worth a warning, not an error)."""
-    return [_where(name, raw[name][0]) for name in raw
-            if name in KNOBS_BY_NAME and KNOBS_BY_NAME[name].used_by and cfg.policy not in KNOBS_BY_NAME[name].used_by]
+    spec = registry.policy(cfg.policy)
+    return [_where(name, raw[name][0]) for name in raw if name in KNOBS_BY_NAME and not spec.reads(name)]
 
 
 def horovod_elastic() -> bool:
@@ -350,19 +352,18 @@ def horovod_elastic() -> bool:
     return os.environ.get("HOROVOD_ELASTIC", "0").strip() not in ("", "0")
 
 
-# Policies that run under elastic Horovod: bsp is Horovod's own optimizer, which recomputes the average over the
-# current ranks at every step. The others keep per-rank state sized at start-up (the tick stream's table of clocks,
-# LB-BSP's batch plan, WBSP's global model and slowest rank) that a change of the rank set would invalidate.
-ELASTIC_POLICIES = ("bsp",)
+def elastic_policies(frontend: str) -> tuple:
+    """The policies that run under elastic Horovod on `frontend` (the registry's elastic entry)."""
+    return tuple(name for name in POLICIES if frontend in registry.policy(name).elastic)
 
 
 def load(policy_kwargs: Mapping[str, Any], allgather_object: Callable[[Any], list], rank: int,
-         available: tuple, frontend: str) -> Config:
+         frontend: str) -> Config:
     """Start-up of a frontend: compare the ranks' raw settings (collective), parse them, refuse a policy the frontend
     cannot run, and warn (rank 0) about knobs the policy does not read. Every problem is a one-line ConfigError.
 
     Under elastic Horovod nothing here is collective (a worker that joins builds its optimizer before the others
-    reach it, as with Horovod's own DistributedOptimizer), and only ELASTIC_POLICIES are accepted."""
+    reach it, as with Horovod's own DistributedOptimizer), and only the registry's elastic policies are accepted."""
     install_excepthook()
     raw = raw_settings(None, policy_kwargs)
     elastic = horovod_elastic()
@@ -370,13 +371,14 @@ def load(policy_kwargs: Mapping[str, Any], allgather_object: Callable[[Any], lis
         check_ranks_agree(raw, allgather_object)
     cfg = parse_settings(raw)
     src = _where("policy", raw.get("policy", ["env"])[0])
-    if cfg.policy not in available:
+    spec = registry.policy(cfg.policy)
+    if frontend not in spec.frontends:
         raise ConfigError(f"{src}={cfg.policy!r} is not available for {frontend} yet; "
-                          f"available: {'|'.join(available)}")
-    if elastic and cfg.policy not in ELASTIC_POLICIES:
+                          f"available: {'|'.join(registry.available(frontend))}")
+    if elastic and frontend not in spec.elastic:
         raise ConfigError(f"{src}={cfg.policy!r} does not support elastic Horovod (HOROVOD_ELASTIC=1, horovodrun "
-                          f"--elastic): it keeps per-rank state for a fixed set of ranks; elastic jobs run policy "
-                          f"{'|'.join(ELASTIC_POLICIES)}")
+                          f"--elastic) on {frontend}; elastic jobs there run policy "
+                          f"{'|'.join(elastic_policies(frontend))}")
     unused = unused_settings(raw, cfg)
     if unused and rank == 0:
         print(f"hvd_elastic: warning: policy {cfg.policy} does not use {', '.join(unused)}", flush=True)

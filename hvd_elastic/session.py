@@ -31,8 +31,9 @@ class Session:
         self._last_compute: Optional[float] = None
         self.engine: Optional[SyncEngine] = None   # under the relaxed policies (start_engine)
         self.lbbsp: Optional[LbbspController] = (LbbspController(cfg, rank, size, self.telemetry)
-                                                 if cfg.policy == "lbbsp" else None)
+                                                 if cfg.spec.balances_batches else None)
         self.report: Optional[Dict[str, Any]] = None
+        self.counter_sources: list = []   # callables adding counters to the report (elastic Horovod's resets)
         # Faults (watchdog.py): heartbeats and the stall rule; collective the first time in a process. A step
         # counts as progress; frontends that know when the script's own code runs mark their steps with
         # watchdog.enter() (else the rank counts as inside its training loop).
@@ -130,6 +131,8 @@ class Session:
             self.watchdog.progress()
             self.watchdog.enter("finish")     # the report's allgather
             self.telemetry.counters.update(self.watchdog.side_channel_stats())   # noise on the side channel, if any
+            for source in self.counter_sources:
+                self.telemetry.counters.update(source())
             self.report = finish_report(self.telemetry, self._allgather_object, self.cfg.describe(),
                                         print_on_rank0=self.cfg.report, json_path=self.cfg.report_json)
             self.watchdog.enter(self.watchdog.between)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import List, Optional, Sequence
 
-from .config import LOCKSTEP_POLICIES
+from . import registry
 
 SILENT_S = 3.0        # a heartbeat older than this (three missed) means the rank's process is not running
 ERROR_GRACE_S = 5.0   # after another rank exited with an error, time left for this rank to fail with its own
@@ -145,7 +145,7 @@ class StallRule:
                 + (f" while {where_others}" if where_others else "")
                 + ", no rank making progress: the ranks' calls do not match (the same collectives, in the same order, "
                   "with the same names, on every rank)"
-                + ("" if self.policy in LOCKSTEP_POLICIES else
+                + ("" if self.policy and registry.policy(self.policy).lockstep else
                    f", or the {self.policy} policy holds a rank before the call (docs/horovod-compat.md)"))
 
     def _in_own_code(self, ranks: List[RankState], outside: List[int], now: float) -> str:

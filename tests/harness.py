@@ -115,8 +115,8 @@ class _Rank:
         frontend = Frontend(DIM, buffers, allreduce, tick_name="harness.tick", epoch_ns=0,
                             apply_gradient=self._apply, read_params=lambda: self.w.copy(),
                             write_params=self._write)
-        self.engine = SyncEngine(make_policy(cfg, rank, n), rank, n, frontend, self.telemetry, cfg,
-                                 stall_timeout_s=30.0)
+        self.engine = SyncEngine(make_policy(cfg, rank, n), rank, n, frontend, self.telemetry, cfg)
+        self.engine.stall_timeout_s = 30.0
         self.local_step = self.engine.updates.local_step
         self.steps = 0
 

@@ -224,7 +224,7 @@ def _zipline_after(meta, barriers=0):
     from types import SimpleNamespace
 
     from hvd_elastic.config import Config
-    from hvd_elastic.engine.policies import Zipline
+    from hvd_elastic.engine.policies.zipline import Zipline
     from hvd_elastic.engine.view import GlobalView
     pol = Zipline(Config(policy="zipline", lookahead=15, relax_min_gain=0), rank=0, size=len(meta))   # its own rule
     pol.barriers = barriers

@@ -80,18 +80,18 @@ class SyncEngine:
 
     DIGEST_WORDS = 1 << 20   # weights hashed per barrier for the replica check (barrier_digest)
 
-    def __init__(self, policy: Policy, rank: int, size: int, frontend: Frontend, telemetry: Telemetry, cfg,
-                 stall_timeout_s: float = 120.0):
+    def __init__(self, policy: Policy, rank: int, size: int, frontend: Frontend, telemetry: Telemetry, cfg):
         self.policy, self.rank, self.size, self.telemetry = policy, rank, size, telemetry
         if cfg.keep_heap:
             _heap.keep_freed_memory()
         self.buffers, self.numel = frontend.buffers, frontend.numel
         self.sample_params = frontend.sample_params or (lambda k: self.buffers.numpy(frontend.read_params())[::k])
         self.view = GlobalView(size)
-        self.stall_timeout_s = stall_timeout_s
+        self.stall_timeout_s = cfg.stall_timeout   # how long finish() waits for the tick thread to end
         self.pushed = 0                  # updates this rank pushed
         self.applied_contributions = 0   # sum of push counts over the ticks this rank applied (all ranks' pushes)
         self.finished = False
+        self.abandoned = False           # elastic Horovod's rank set changed: no more ticks (abandon)
         self._backlog: Deque[Tick] = collections.deque()   # completed ticks taken but not applied yet
         self.staleness = Staleness()     # engine/staleness.py
         self._step_gate = _StepGate()
@@ -126,11 +126,11 @@ class SyncEngine:
     def push(self, accumulate: Optional[Callable[[Any, float], None]], interval_s: float):
         """Hand this step's update to the next tick (the first half of :meth:`step`; a frontend may call it as soon
         as the update is complete, e.g. when backward ends, so that the tick runs while the rank still computes).
-        ``interval_s``: the rank's step compute time, for the schedulers' predictions."""
+        ``interval_s``: the rank's step compute time, for the schedulers' predictions. inline (below): this rank
+        waits for its own push's tick (no push may stay in flight), so while ticks are joined its training thread may
+        send it itself (Ticker.run_inline)."""
         weight = self._push_weight()
         add = self.updates.push_function(accumulate)
-        # inline: this rank waits for its own push's tick (no push may stay in flight), so while ticks are joined
-        # its training thread may send it itself (Ticker.run_inline)
         alpha = weight * self.updates.push_scale
         self.ticker.push(lambda dst: add(dst, alpha), int(interval_s * 1e9), inline=self._max_inflight() == 0)
         self._pushed(weight)
@@ -151,11 +151,12 @@ class SyncEngine:
         self._step_gate = _StepGate()
         self.policy.pushed(self.ticker.clock, self.ticker.interval_ns)
 
-    # A streamed push (gradient policies, a frontend whose backward reports gradients as they are produced): the
-    # tick reads the gradient chunk by chunk while backward runs (ticker.py, stream_begin). Same update, same
-    # accounting as push(); the gradients must stay as they are until step() (stream_wait).
     def stream_begin(self, accumulate_range: Callable[[Any, int, int, float], None]) -> bool:
-        """Backward starts: announce this step's gradient; False: push it normally (ticker.stream_begin says when).
+        """A streamed push (gradient policies, a frontend whose backward reports gradients as they are produced): the
+        tick reads the gradient chunk by chunk while backward runs (ticker.py, stream_begin). Same update, same
+        accounting as push(); the gradients must stay as they are until step() (stream_wait).
+
+        Backward starts: announce this step's gradient; False: push it normally (ticker.stream_begin says when).
         ``accumulate_range(dst, start, stop, alpha)`` adds alpha x words [start, stop) of the gradient into dst."""
         weight = self._push_weight()
         alpha = weight * self.updates.push_scale
@@ -171,10 +172,6 @@ class SyncEngine:
         """The gradient is complete: it counts as this step's push (step() is then called with pushed=True)."""
         self.ticker.stream_end(int(interval_s * 1e9))
         self._pushed(self._stream_weight)
-
-    @property
-    def streaming(self) -> bool:
-        return self.ticker.streaming
 
     # ---- the gate ----------------------------------------------------------------------------------------------
     def _max_inflight(self) -> int:
@@ -359,6 +356,15 @@ class SyncEngine:
                     self._download(False)
         self.finished = True
         self.telemetry.counters.update(self._counters())
+
+    def abandon(self, drain: bool = False):
+        """The rank set is about to change (elastic Horovod re-forms the job): stop the ticks at once, without a
+        collective; drain: apply the ticks completed so far first. Pushes not in a completed tick are dropped -- on
+        every rank alike: every rank's engine stops, and the next starts from one state broadcast to all."""
+        if drain and not self.ticker.stopped:
+            self._pull(block=False, until_open=False)
+        self.abandoned = True
+        self.ticker.abandon()
 
     def _counters(self) -> dict:
         out = {**self.ticker.counters(), "pushed": self.pushed, "applied_contributions": self.applied_contributions,

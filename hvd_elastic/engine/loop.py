@@ -57,6 +57,15 @@ class Handoff:
         """(Under the lock.) A waiting tick thread decides again what to do next (how long to wait)."""
         self.thread_wake.notify_all()
 
+    def abandon(self):
+        """Stop the tick thread (Ticker.abandon); every later call of the training thread raises TickerError."""
+        with self.lock:
+            self.stopped = True
+            if self.error is None:
+                self.error = TickerError("the rank set changed (elastic Horovod reset)")
+            self.lock.notify_all()
+            self.decide_again()
+
     def check(self):
         if self.error is not None:
             raise TickerError(f"tick thread failed: {self.error}") from self.error

@@ -281,10 +281,17 @@ class Ticker:
         """True when every update this rank pushed is inside a completed tick."""
         return self.row.delivered_clock == self.row.clock
 
-    def join(self, timeout: Optional[float] = None):
-        """Wait for the tick thread to end (Python's thread join)."""
+    def join(self, timeout: Optional[float] = None, check: bool = True) -> bool:
+        """Wait for the tick thread to end (Python's thread join); True if it did. check: raise its error, if any."""
         self._loop.thread.join(timeout)
-        self.handoff.check()
+        if check:
+            self.handoff.check()
+        return not self._loop.thread.is_alive()
+
+    def abandon(self):
+        """Stop the tick thread without a collective (elastic Horovod is about to shut down: the rank set changes).
+        A tick under way ends when Horovod's shutdown fails its collective; no tick starts after this."""
+        self.handoff.abandon()
 
     # ---- state read and set by the engine ----------------------------------------------------------------------
     @property

@@ -29,7 +29,6 @@ import numpy as np
 import tensorflow as tf
 
 from .. import stall as _stall
-from ..config import LOCKSTEP_POLICIES
 from ..errors import ConfigError
 from ..lbbsp import BatchPlan
 from ..tensorflow._core import broadcast_variables, state_of, wrap_optimizer
@@ -93,8 +92,8 @@ class SyncCallback(keras.callbacks.Callback):
             raise ConfigError("SyncCallback needs the model compiled with hvd_elastic.keras.DistributedOptimizer(...)")
         state.restart_if_finished()
         self._state = state
-        policy = state.cfg.policy
-        if policy != "bsp" and int(getattr(model, "steps_per_execution", 1) or 1) != 1:
+        policy, spec = state.cfg.policy, state.cfg.spec
+        if not spec.horovod_optimizer and int(getattr(model, "steps_per_execution", 1) or 1) != 1:
             raise ConfigError(f"policy {policy} needs steps_per_execution=1 in model.compile (one engine step per "
                               f"batch)")
         if getattr(model, "jit_compile", False):
@@ -102,7 +101,7 @@ class SyncCallback(keras.callbacks.Callback):
             model.jit_compile = False
             model.make_train_function(force=True)
         mode = None
-        if policy != "bsp":
+        if not spec.horovod_optimizer:
             mode = "local" if state.local_step else "defer"
             if state.mode != mode and model.train_function is not None:
                 model.make_train_function(force=True)   # retrace with the new apply mode
@@ -114,9 +113,10 @@ class SyncCallback(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         state = self._state
-        if state.cfg.policy == "bsp":
+        spec = state.cfg.spec
+        if spec.horovod_optimizer:
             state.account_bsp_step()
-        elif state.cfg.policy == "lbbsp":
+        elif spec.balances_batches:
             state.lbbsp_step()
         elif state.mode == "defer":
             state.relaxed_step(state.deferred_gradient())
@@ -151,7 +151,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         state = getattr(self.model.optimizer, "_hvd_elastic", None)
-        self._relaxed = state is not None and state.cfg.policy not in LOCKSTEP_POLICIES
+        self._relaxed = state is not None and state.cfg.spec.ticks
         self._epochs: List[Dict[str, float]] = []
 
     @staticmethod
@@ -229,7 +229,7 @@ def lbbsp_dataset(optimizer, data, seed: int = 0, drop_last: bool = True, shuffl
     batch drawn before the previous step is done raises an error. The dataset's length is the number of steps per
     epoch (``len(data) // B``, rounded up without drop_last)."""
     state = state_of(optimizer, "lbbsp_dataset")
-    if state.cfg.policy != "lbbsp":
+    if not state.cfg.spec.balances_batches:
         raise ConfigError(f"lbbsp_dataset() needs policy lbbsp (HVD_ELASTIC_POLICY=lbbsp); this optimizer runs "
                           f"policy {state.cfg.policy}")
     single = not isinstance(data, (tuple, list))
@@ -260,8 +260,8 @@ def batch_sizes(optimizer) -> List[int]:
     """Every rank's batch size for the next step (identical on every rank), under policy lbbsp."""
     lbbsp = state_of(optimizer, "batch_sizes").session.lbbsp
     if lbbsp is None:
-        raise TypeError("batch_sizes() needs an optimizer made by hvd_elastic.keras.DistributedOptimizer with policy "
-                        "lbbsp")
+        raise TypeError("batch_sizes() needs an optimizer made by hvd_elastic.keras.DistributedOptimizer with "
+                        "policy lbbsp")
     return list(lbbsp.sizes)
 
 

@@ -3,7 +3,7 @@ training loops (hvd_elastic.tensorflow). Only ``horovod.tensorflow`` ops are use
 broken on Keras 3). Every policy rule lives in the engine / native scheduler; this file only moves tensors.
 
 How the wrapped optimizer's ``apply()`` behaves, by mode (set when training starts):
-- "bsp": exact gradient averaging with one grouped Average-allreduce, then the optimizer's own ``apply`` -- works in
+- "average" (bsp): exact gradient averaging with one grouped Average-allreduce, then the optimizer's own ``apply`` -- works in
   graph mode (inside ``model.fit``'s ``tf.function`` or the user's) and eagerly; the time blocked in the allreduce
   is measured with ``tf.timestamp`` and read by the step accounting.
 - "defer" (model.fit, gradient policies): the traced train step only stores the gradients into buffers; the
@@ -25,20 +25,14 @@ import tensorflow as tf
 
 from .. import config as _config
 from ..engine.engine import Frontend
-from ..engine.policies import RELAXED_POLICIES
 from ..errors import ConfigError, HvdElasticError
 from ..session import Session
 from ..wrapping import subclass_in_place
 from .buffers import TfBuffers
 
-# Policies each frontend can run (lbbsp needs its data path: hvd_elastic.keras.lbbsp_dataset for model.fit).
-IMPLEMENTED_POLICIES = {"Keras": ("bsp", "lbbsp") + tuple(RELAXED_POLICIES),
-                        "TensorFlow": ("bsp",) + tuple(RELAXED_POLICIES)}
-
-
 def load_config(policy_kwargs: Dict[str, Any], frontend: str) -> _config.Config:
     return _config.load(policy_kwargs, lambda obj: hvd.allgather_object(obj, name="hvd_elastic.config"),
-                        hvd.rank(), IMPLEMENTED_POLICIES[frontend], frontend)
+                        hvd.rank(), frontend)
 
 
 def _np(v) -> np.ndarray:
@@ -136,9 +130,9 @@ class ElasticState:
     def __init__(self, optimizer, base_cls, cfg: _config.Config, policy_kwargs: Dict[str, Any], frontend: str):
         self.optimizer, self.base_cls, self.policy_kwargs, self.frontend = optimizer, base_cls, policy_kwargs, frontend
         self.session = _session(cfg)
-        self.mode = "bsp" if cfg.policy == "bsp" else "eager"
+        self.mode = "average" if cfg.spec.horovod_optimizer else "eager"
         # Delta policies (wbsp) step the rank's own copy before the push (engine/updates.py).
-        self.local_step = cfg.policy in RELAXED_POLICIES and RELAXED_POLICIES[cfg.policy].updates.local_step
+        self.local_step = cfg.spec.deltas
         self.blocked = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="hvd_elastic_blocked")
         self.flat: Optional[_FlatVars] = None
         self.buffers: Optional[List[tf.Variable]] = None
@@ -167,11 +161,12 @@ class ElasticState:
                             + list(opt.variables), root_rank)
         if mode is not None:
             self.mode = mode
-        if self.session.cfg.policy != "bsp":
+        spec = self.session.cfg.spec
+        if not spec.horovod_optimizer:
             self._build_flat(trainable_variables)
         if self.session.lbbsp is not None:
             self.session.lbbsp.bind(self.flat.numel, self.flat.dtype)
-        elif self.session.cfg.policy != "bsp":
+        elif spec.ticks:
             self._start_engine()
         self.started = True
         self.session.last_step_end = time.perf_counter()
@@ -261,15 +256,15 @@ def _is_default(name, value) -> bool:
     return value == default
 
 
-def check_horovod_arguments(policy: str, args: Dict[str, Any]) -> Dict[str, Any]:
-    """Horovod's Keras DistributedOptimizer arguments under `policy`, with Horovod's meaning under bsp (the gradient
+def check_horovod_arguments(policy: Any, args: Dict[str, Any]) -> Dict[str, Any]:
+    """Horovod's Keras DistributedOptimizer arguments under `policy` (its registry entry), with Horovod's meaning under bsp (the gradient
     exchange is Horovod's grouped allreduce, given compression, op, the predivide factor and devices); elsewhere
     only the defaults (a one-line ConfigError names the others and policy bsp). ``name`` (op names only),
     ``groups`` / ``num_groups`` (one group anyway: bsp's grouped allreduce, the relaxed policies' tick),
     ``sparse_as_dense`` (bsp always densifies: the same values as Horovod's sparse allgather) and
     ``scale_local_gradients`` (no local variables here) change nothing."""
     args = {**HOROVOD_KERAS_ARGUMENTS, **args}
-    if policy == "bsp":
+    if policy.horovod_optimizer:
         if args["gradient_predivide_factor"] != 1.0 and args["op"] != hvd.Average:
             raise ValueError("gradient_predivide_factor not supported with op != Average")   # Horovod's message
         refused = []
@@ -281,13 +276,13 @@ def check_horovod_arguments(policy: str, args: Dict[str, Any]) -> Dict[str, Any]
         if args["process_set"] is not hvd.global_process_set:
             refused.append("process_set (only the global set)")
         if refused:
-            raise ConfigError(f"policy bsp of hvd_elastic.keras does not support these DistributedOptimizer "
+            raise ConfigError(f"policy {policy.name} of hvd_elastic.keras does not support these DistributedOptimizer "
                               f"arguments: {', '.join(refused)}")
         return args
     refused = [k for k in HOROVOD_KERAS_ARGUMENTS if k not in ("name", "scale_local_gradients", "groups", "num_groups")
                and not _is_default(k, args[k])]
     if refused:
-        raise ConfigError(f"policy {policy} does not support these DistributedOptimizer arguments: "
+        raise ConfigError(f"policy {policy.name} does not support these DistributedOptimizer arguments: "
                           f"{', '.join(refused)}; use policy bsp or the defaults")
     return args
 
@@ -321,7 +316,7 @@ def _elastic_apply(self, grads, trainable_variables=None):
     """``apply`` of a wrapped optimizer (see the module docstring for the modes)."""
     state: ElasticState = self._hvd_elastic
     grads = list(grads)
-    if state.mode == "bsp":
+    if state.mode == "average":
         eager = tf.executing_eagerly()
         if eager and not state.started:          # custom loop: first eager step broadcasts from rank 0
             state.start(trainable_variables if trainable_variables is not None else self._trainable_variables)
@@ -364,8 +359,8 @@ def wrap_optimizer(optimizer, policy_kwargs: Dict[str, Any], frontend: str,
     if getattr(optimizer, "_hvd_elastic", None) is not None:
         raise TypeError("this optimizer is already wrapped by hvd_elastic")
     cfg = load_config(policy_kwargs, frontend)
-    horovod_args = check_horovod_arguments(cfg.policy, horovod_args or {})
-    if cfg.policy != "bsp" and getattr(optimizer, "gradient_accumulation_steps", None):
+    horovod_args = check_horovod_arguments(cfg.spec, horovod_args or {})
+    if not cfg.spec.horovod_optimizer and getattr(optimizer, "gradient_accumulation_steps", None):
         raise ConfigError(f"policy {cfg.policy} does not support gradient_accumulation_steps; use policy bsp")
     base = subclass_in_place(optimizer, {"apply": _elastic_apply}, optimizer.__class__.__module__)
     state = ElasticState(optimizer, base, cfg, policy_kwargs, frontend)

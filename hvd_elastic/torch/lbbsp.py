@@ -59,7 +59,7 @@ class _Overlap:
 
     def _submit(self, p):
         if p.grad.is_sparse:
-            refuse_sparse_gradients(self.optimizer, "lbbsp")
+            refuse_sparse_gradients(self.optimizer, self.session.cfg.policy)
         if not self.handles:
             self.ctl.unstepped = self._unapplied
         if len(self.handles) == len(self.params) - 1:
@@ -164,11 +164,11 @@ def _lbbsp_zero_grad(self, *args, **kwargs):
 
 def build_lbbsp(optimizer, session, *, compression, op, gradient_predivide_factor, sparse_as_dense, process_set,
                 backward_passes_per_step):
-    refuse_unsupported_arguments("lbbsp", compression=compression, op=op,
+    refuse_unsupported_arguments(session.cfg.spec, compression=compression, op=op,
                                  gradient_predivide_factor=gradient_predivide_factor,
                                  sparse_as_dense=sparse_as_dense, process_set=process_set,
-                                 op_note="only Average: lbbsp weights each rank by its batch size",
-                                 also=["backward_passes_per_step"] if backward_passes_per_step != 1 else [])
+                                 backward_passes_per_step=backward_passes_per_step,
+                                 op_note="only Average: lbbsp weights each rank by its batch size")
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     flat = FlatParams(params)   # checks: one dtype, one device
     # Same reason as the relaxed policies: horovod.torch.broadcast_optimizer_state's dummy step must call the
@@ -188,7 +188,8 @@ def batch_sizes(optimizer) -> List[int]:
 
 
 def _controller(optimizer) -> LbbspController:
-    ctl = getattr(getattr(optimizer, "_hvd_elastic", None), "lbbsp", None)
+    session = getattr(optimizer, "_hvd_elastic", None)
+    ctl = session.lbbsp if session is not None else None
     if ctl is None:
         raise TypeError("this needs an optimizer made by hvd_elastic.torch.DistributedOptimizer with policy lbbsp")
     return ctl

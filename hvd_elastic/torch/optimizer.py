@@ -31,7 +31,7 @@ from horovod.torch.optimizer import DistributedOptimizer as _HOROVOD_DISTRIBUTED
 from .. import config as _config
 from .. import stall as _stall
 from ..engine.engine import Frontend, SyncEngine
-from ..engine.policies import RELAXED_POLICIES
+from ..engine.ticker import TickerError
 from ..errors import ConfigError, HvdElasticError
 from ..session import Session
 from . import collectives
@@ -40,10 +40,6 @@ from .buffers import FlatParams
 from .momentum import RoundSgd, step_with_momentum_share
 from .wrapping import (SynchronizeProtocol, horovod_argument_checks, parameter_names, refuse_sparse_gradients,
                        refuse_unsupported_arguments, wrap_class)
-
-# Policies this frontend can run; the configuration recognises every policy of the design.
-IMPLEMENTED_POLICIES = ("bsp", "lbbsp") + tuple(RELAXED_POLICIES)
-
 
 # ---- bsp ---------------------------------------------------------------------------------------------------------
 def _instrument_bsp(opt, session: Session):
@@ -99,6 +95,17 @@ def _allreduce_sum(tensors, name, block=False):
 def _relaxed_step(self, closure=None):
     """step() of a relaxed-policy optimizer: push this step's update to the engine, apply delivered ticks, and
     wait while the policy's gate is closed."""
+    elastic = self._hvd_elastic_elastic
+    if elastic is None:
+        return _relaxed_step_body(self, closure)
+    elastic.before_step()
+    try:
+        return _relaxed_step_body(self, closure)
+    except TickerError as e:   # the tick thread met Horovod's failure: Horovod's elastic loop takes it from here
+        raise elastic.failed(e) from e
+
+
+def _relaxed_step_body(self, closure):
     session = self._hvd_elastic
     synchronized = self._synchronized
     self._hvd_elastic_begin_step()
@@ -165,7 +172,7 @@ def sync_replicas(optimizer):
     returns. Pushed updates not in those ticks stay pending and are applied later, on every rank alike. No-op for
     wbsp (optimizer state is per rank by design), lbbsp and bsp (lock-step) and finished optimizers."""
     engine = getattr(getattr(optimizer, "_hvd_elastic", None), "engine", None)
-    if engine is not None:
+    if engine is not None and not engine.abandoned:
         name = f"{engine.ticker.name}.sync"
         engine.sync_replicas(lambda n: int(hvd.allgather(torch.tensor([n], dtype=torch.int64), name=name).max()))
 
@@ -181,7 +188,33 @@ def _build_relaxed(optimizer, session: Session, names, backward_passes_per_step:
     # Ours must be treated the same way: a dummy step through the engine would push an update on some ranks only.
     wrap_class(optimizer, _relaxed_step, {"state_dict": _relaxed_state_dict, "synchronize": _relaxed_synchronize})
     optimizer._hvd_elastic_flat = flat
+    optimizer._hvd_elastic_elastic = None
+    _UNFINISHED[:] = [s for s in _UNFINISHED if s.report is None]
+    _UNFINISHED.append(session)
+    _install_exit_handlers()
 
+    def start(recover=None):
+        _start_engine(optimizer, session, flat, names, backward_passes_per_step, recover)
+
+    if _config.horovod_elastic():
+        # Elastic Horovod: a worker that joins builds its optimizer while the others sync; the engine is built at
+        # the first step() (and again after each reset), where every rank is (torch/elastic.py).
+        from . import elastic
+        elastic.install()
+        optimizer._hvd_elastic_elastic = elastic.ElasticRun(optimizer, session, flat, start)
+        optimizer._hvd_elastic_backward = BackwardPush(flat, session, names, False)
+    else:
+        start()
+    return optimizer
+
+
+def _start_engine(optimizer, session: Session, flat: FlatParams, names, backward_passes_per_step: int,
+                  recover=None):
+    """Collective: build this optimizer's engine for the current ranks. recover(epoch_and_id) (elastic Horovod)
+    brings every rank to one state and returns the job's (epoch_ns, engine id)."""
+    if recover is not None:
+        session.rank, session.size = hvd.rank(), hvd.size()
+        session.telemetry.rank, session.telemetry.size = session.rank, session.size
     per = session.cfg.momentum_per
     rounds = RoundSgd(optimizer, optimizer._hvd_elastic_inner_step, session.size) \
         if per == "round" and RoundSgd.applies(optimizer) else None
@@ -193,29 +226,37 @@ def _build_relaxed(optimizer, session: Session, names, backward_passes_per_step:
         else:
             step_with_momentum_share(optimizer, optimizer._hvd_elastic_inner_step, share if per != "tick" else 1.0)
 
-    # Construction is collective and happens in the same order on every rank, so the n-th engine of each rank
-    # has the same id: its tick tensor name is unique in the process and identical across ranks.
-    _UNFINISHED[:] = [s for s in _UNFINISHED if s.report is None]
     engine_id = next(_ENGINE_IDS)
-    everyone = hvd.allgather_object((time.time_ns(), engine_id), name="hvd_elastic.engine")
-    if len({e for _, e in everyone}) != 1:
-        raise ConfigError(f"ranks built different numbers of relaxed optimizers before this one (engine ids "
-                          f"{[e for _, e in everyone]}): build them in the same order on every rank")
-    # Weights must be identical before the engine snapshots them (delta policies keep the global model).
-    flat.broadcast_weights(root_rank=0)
+    if recover is not None:
+        # Ranks that joined later count their engines from 0: the job takes the largest id.
+        epoch_ns, engine_id = recover((time.time_ns(), engine_id))
+        _advance_engine_ids(engine_id)
+    else:
+        # Construction is collective and happens in the same order on every rank, so the n-th engine of each rank
+        # has the same id: its tick tensor name is unique in the process and identical across ranks.
+        everyone = hvd.allgather_object((time.time_ns(), engine_id), name="hvd_elastic.engine")
+        if len({e for _, e in everyone}) != 1:
+            raise ConfigError(f"ranks built different numbers of relaxed optimizers before this one (engine ids "
+                              f"{[e for _, e in everyone]}): build them in the same order on every rank")
+        epoch_ns = everyone[0][0]
+        # Weights must be identical before the engine snapshots them (delta policies keep the global model); after
+        # a reset, recover() has made them so.
+        flat.broadcast_weights(root_rank=0)
+    stream = session.cfg.push_at_backward and backward_passes_per_step == 1 and recover is None
     session.start_engine(Frontend(
         flat.numel, flat.buffers, _allreduce_sum, tick_name=f"hvd_elastic.torch.tick.{engine_id}",
-        epoch_ns=everyone[0][0], apply_gradient=apply_gradient, read_params=flat.weights,
+        epoch_ns=epoch_ns, apply_gradient=apply_gradient, read_params=flat.weights,
         write_params=flat.set_weights, read_params_into=flat.weights_into, add_params_into=flat.add_weights_into,
-        add_to_params=flat.add_to_weights, sample_params=flat.sample_weights,
-        stream=session.cfg.push_at_backward and backward_passes_per_step == 1))
+        add_to_params=flat.add_to_weights, sample_params=flat.sample_weights, stream=stream))
     _watch_own_collectives(session.engine)
     optimizer._hvd_elastic_backward = BackwardPush(
-        flat, session, names, session.cfg.push_at_backward and not session.engine.updates.local_step
-        and backward_passes_per_step == 1)
-    _UNFINISHED.append(session)
-    _install_exit_handlers()
-    return optimizer
+        flat, session, names, stream and not session.engine.updates.local_step)
+
+
+def _advance_engine_ids(used: int):
+    """The next engine of this process gets an id above `used`."""
+    global _ENGINE_IDS
+    _ENGINE_IDS = itertools.count(used + 1)
 
 
 def _watch_own_collectives(engine: SyncEngine):
@@ -299,10 +340,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
         opt = hvd_elastic.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                                      named_parameters=model.named_parameters())
     """
-    cfg = _config.load(policy_kwargs, hvd.allgather_object, hvd.rank(), IMPLEMENTED_POLICIES, "PyTorch")
+    cfg = _config.load(policy_kwargs, hvd.allgather_object, hvd.rank(), "PyTorch")
     session = Session(cfg, hvd.rank(), hvd.size(), hvd.allgather_object, lambda: (hvd.rank(), hvd.size()))
     session.watchdog.between_steps(_stall.USER)   # step() marks the steps: the script's own code between them
-    if cfg.policy == "bsp":
+    if cfg.spec.horovod_optimizer:
         opt = _HOROVOD_DISTRIBUTED_OPTIMIZER(
             optimizer, named_parameters=named_parameters, compression=compression,
             backward_passes_per_step=backward_passes_per_step, op=op,
@@ -312,13 +353,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     else:
         horovod_argument_checks(op, gradient_predivide_factor, backward_passes_per_step)
         names = parameter_names(optimizer, named_parameters)
-        if cfg.policy == "lbbsp":
+        if cfg.spec.balances_batches:
             from .lbbsp import build_lbbsp
             opt = build_lbbsp(optimizer, session, compression=compression, op=op,
                               gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
                               process_set=process_set, backward_passes_per_step=backward_passes_per_step)
         else:
-            refuse_unsupported_arguments(cfg.policy, compression=compression, op=op,
+            refuse_unsupported_arguments(cfg.spec, compression=compression, op=op,
                                          gradient_predivide_factor=gradient_predivide_factor,
                                          sparse_as_dense=sparse_as_dense, process_set=process_set)
             # groups / num_groups only group Horovod's allreduces; a tick is one buffer (one group) anyway.
@@ -348,6 +389,10 @@ def finish(optimizer) -> Dict[str, Any]:
     session = getattr(optimizer, "_hvd_elastic", None)
     if session is None:
         raise TypeError("finish() takes an optimizer made by hvd_elastic.torch.DistributedOptimizer")
+    elastic = getattr(optimizer, "_hvd_elastic_elastic", None)
+    if elastic is not None and session.report is None:
+        elastic.before_step()        # a reset with no step after it: the engine to finish is built first
+        session.counter_sources.append(elastic.counters)
     return session.finish()
 
 

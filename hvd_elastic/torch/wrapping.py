@@ -17,6 +17,7 @@ import torch
 from horovod.torch.optimizer import DistributedOptimizer as _HOROVOD_DISTRIBUTED_OPTIMIZER
 
 from ..errors import ConfigError
+from ..registry import HOROVOD_ARGUMENTS
 from ..wrapping import subclass_in_place
 
 # horovod.torch.broadcast_optimizer_state() calls the wrapped optimizer's own step (not ours) for classes of this
@@ -120,21 +121,16 @@ def refuse_sparse_gradients(opt, policy):
 
 
 
-def refuse_unsupported_arguments(policy, *, compression, op, gradient_predivide_factor, sparse_as_dense,
-                                 process_set, op_note="only Average", also=()):
-    """Horovod DistributedOptimizer arguments a non-bsp policy cannot honour are an error, never ignored."""
-    unsupported = []
-    if compression is not hvd.Compression.none:
-        unsupported.append("compression")
-    if op != hvd.Average:
-        unsupported.append(f"op ({op_note})")
-    if gradient_predivide_factor != 1.0:
-        unsupported.append("gradient_predivide_factor")
-    if sparse_as_dense:
-        unsupported.append("sparse_as_dense")
-    if process_set is not hvd.global_process_set:
-        unsupported.append("process_set (only the global set)")
-    unsupported.extend(also)
+def refuse_unsupported_arguments(spec, *, compression, op, gradient_predivide_factor, sparse_as_dense, process_set,
+                                 backward_passes_per_step=1, op_note="only Average"):
+    """Horovod DistributedOptimizer arguments the policy refuses (its registry entry: ``spec.refuses``), given at other
+    than their defaults, are an error, never ignored."""
+    given = {"compression": compression is not hvd.Compression.none, "op": op != hvd.Average,
+             "gradient_predivide_factor": gradient_predivide_factor != 1.0, "sparse_as_dense": bool(sparse_as_dense),
+             "process_set": process_set is not hvd.global_process_set,
+             "backward_passes_per_step": backward_passes_per_step != 1}
+    labels = {"op": f"op ({op_note})", "process_set": "process_set (only the global set)"}
+    unsupported = [labels.get(k, k) for k in HOROVOD_ARGUMENTS if k in spec.refuses and given[k]]
     if unsupported:
-        raise ConfigError(f"policy {policy} does not support these DistributedOptimizer arguments: "
+        raise ConfigError(f"policy {spec.name} does not support these DistributedOptimizer arguments: "
                           f"{', '.join(unsupported)}; use policy bsp or the defaults")

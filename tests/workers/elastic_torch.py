@@ -1,5 +1,6 @@
-"""A Horovod elastic job (horovodrun --elastic, Gloo) with hvd_elastic.torch.DistributedOptimizer, as a Horovod
-user writes it: TorchState(model, optimizer, batch), ``@hvd.elastic.run``, ``state.commit()`` every step.
+"""A Horovod elastic job (horovodrun --elastic, Gloo) with hvd_elastic.torch.DistributedOptimizer under the policy of
+HVD_ELASTIC_POLICY, as a Horovod user writes it: TorchState(model, optimizer, batch), ``@hvd.elastic.run``,
+``state.commit()`` every step.
 
 The rank set changes mid-run in one of two ways:
 - through the host discovery script, which prints the file given by --hosts-file: at step --remove-at rank 0
@@ -14,7 +15,9 @@ The rank set changes mid-run in one of two ways:
 land at known steps however long the driver takes.
 
 Prints, per rank at the end: ``ELASTIC rank=<r> size=<n> batch=<b> sizes=<sizes seen by rank 0's state>
-digest=<crc32 of the weights>``, and rank 0 the plugin's report (HVD_ELASTIC_REPORT is on).
+digest=<crc32 of the weights> pushed=<pushes of the final ranks since the last reset> applied=<updates applied by
+this rank since then> resets=<resets this optimizer saw> resumed=<per reset: updates in the state resumed from, -1:
+the commit>``, and rank 0 the plugin's report (HVD_ELASTIC_REPORT is on).
 """
 import argparse
 import os
@@ -89,8 +92,15 @@ def train(state):
 
 
 train(state)
-hvde.finish(opt)
+report = hvde.finish(opt)
 weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
 digest = zlib.crc32(np.ascontiguousarray(weights).tobytes())
+counters = [r["counters"] for r in report["ranks"]]
+mine = counters[hvd.rank()]
+# pushed: every final rank's pushes into the last engine (the one built after the last reset); applied: the updates
+# of all ranks in the ticks this rank applied -- equal when nothing was lost or applied twice since that reset
 print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.batch} "
-      f"sizes={','.join(map(str, state.sizes))} digest={digest}", flush=True)
+      f"sizes={','.join(map(str, state.sizes))} digest={digest} "
+      f"pushed={sum(c.get('pushed', 0) for c in counters)} applied={mine.get('applied_contributions', 0)} "
+      f"resets={mine.get('elastic_resets', 0)} "
+      f"resumed={','.join(map(str, mine.get('elastic_resumed_from_updates', []))) or '-'}", flush=True)

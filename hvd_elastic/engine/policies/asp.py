@@ -6,5 +6,4 @@ from .base import Policy
 class Asp(Policy):
     """Asynchronous parallel: the base rule (never held by other ranks), reading fresh weights."""
 
-    name = "asp"
     fresh_reads = True

@@ -21,7 +21,7 @@ import numpy as np
 from ... import _native
 from ...predictors import predict_interval
 from ..table import PEER_SPEED, observe_lockstep
-from ..updates import GradientUpdates
+from ..updates import DeltaUpdates, GradientUpdates
 from ..view import GlobalView
 
 
@@ -45,8 +45,6 @@ class Gate:
 class Policy:
     """Base: never waits for other ranks (ASP's rule). Subclasses override :meth:`holds` and the events."""
 
-    name = "base"
-    updates = GradientUpdates   # the update kind (engine/updates.py): gradients applied on a shared replica
     # Held only by its own update in flight, a rank applies every completed tick (freshest weights) if True; if False
     # it resumes on the state of the tick that delivered its update, as when the rule holds it (engine.py): a rule
     # with s = 0 must never let a rank see another rank's *next* update, which, with the push at the end of
@@ -60,6 +58,10 @@ class Policy:
 
     def __init__(self, cfg, rank: int, size: int):
         self.cfg, self.rank, self.size = cfg, rank, size
+        self.name = cfg.policy
+        # The update kind (engine/updates.py), as the registry declares it: deltas after a local step, or gradients
+        # applied on a shared replica.
+        self.updates = DeltaUpdates if cfg.spec.deltas else GradientUpdates
         self.gaps: Dict[int, int] = {}    # clock gap (own clock - slowest clock) at each step start -> count
         self.origin = np.zeros(size, np.int64)   # see clock_origin
         self.lockstep = Lockstep.build(cfg, size, self.updates)

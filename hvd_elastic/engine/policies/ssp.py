@@ -11,7 +11,6 @@ from .base import Gate, Intervals, Policy, observed_clocks, server_clocks
 class Ssp(Policy):
     """Stale synchronous parallel (Ho et al. 2013): start a step only while own clock - slowest clock <= s."""
 
-    name = "ssp"
 
     def holds(self, gate: Gate) -> bool:
         return not _native.ssp_may_proceed(server_clocks(gate.view, gate.clock), gate.view.size,
@@ -23,7 +22,6 @@ class Dssp(Policy):
     SyncController so it keeps going when waiting would not pay; never beyond s_U. The credit is decided once per
     step, when the rule is first consulted (rule_starts); later checks only ask whether the gap is back."""
 
-    name = "dssp"
 
     def __init__(self, cfg, rank: int, size: int):
         super().__init__(cfg, rank, size)

@@ -7,7 +7,6 @@ import numpy as np
 
 from ... import _native
 from ..table import COUNT
-from ..updates import DeltaUpdates
 from .base import Gate, Intervals, Policy
 
 
@@ -28,9 +27,7 @@ class Wbsp(Policy):
     with overlap a rank has at most one upload in flight, without it none (it waits for its own upload to land:
     communication)."""
 
-    name = "wbsp"
     fresh_reads = True      # unchanged by the push point: wbsp has no backward push, and no s = 0 case
-    updates = DeltaUpdates
     SLOWEST_HISTORY = 8   # iteration times per rank the slowest-rank estimate takes the median of
 
     def __init__(self, cfg, rank: int, size: int):

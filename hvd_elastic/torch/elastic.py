@@ -1,0 +1,146 @@
+"""Elastic Horovod (``horovodrun --elastic``, ``@hvd.elastic.run``) under the tick policies (PyTorch).
+
+Horovod re-forms the job when the rank set changes: a collective fails (HorovodInternalError: every rank restores
+its last ``state.commit()``) or the driver reports new or removed hosts at a commit (HostsUpdatedInterrupt), then
+``hvd.elastic.run`` shuts Horovod down, initialises it again and syncs the state from rank 0. A tick policy's engine
+is sized for one rank set, so around that reset the plugin:
+
+- surfaces a failed tick as HorovodInternalError on the training thread (the engine's TickerError, raised by
+  step(), carries Horovod's error), so Horovod's elastic loop handles it as it handles its own allreduce's;
+- stops every live engine's tick thread before Horovod shuts down, without a collective (``horovod.torch.elastic``'s
+  reset calls :func:`_stop_engines_then_shutdown`); pushes not in a completed tick are dropped on every rank alike;
+- keeps the most advanced replica: at the failure (the training thread meets it in step()) or at the reset, each
+  survivor snapshots its model -- the gradient policies' replica after the ticks it applied (every rank applies the
+  same ticks in the same order, so each survivor holds a valid state), wbsp's global model W -- with the count of
+  updates in it;
+- builds a new engine at the first step() after the reset (collective: every rank, new ones included, is there
+  after Horovod's sync), for the new ranks, from the snapshot of the survivor that applied the most updates (its
+  weights and optimizer state broadcast to every rank), or from the state Horovod synced where no survivor has
+  one. The engine's clocks, gates, barriers and tick table start afresh over the new ranks.
+
+So a reset loses at most the updates in flight when it happened, not the steps since the last commit (where the
+failure first surfaces in a collective of the script's own, Horovod has restored the commit before the plugin can
+act: then the commit is what the job resumes from, as under Horovod). docs/horovod-compat.md, "Elastic Horovod".
+"""
+from __future__ import annotations
+
+import copy
+import time
+from typing import List, Optional
+
+import horovod.torch as hvd
+import horovod.torch.elastic as _horovod_elastic
+from horovod.common.exceptions import HorovodInternalError
+
+from ..engine.ticker import TickerError
+
+STOP_WAIT_S = 10.0   # how long a reset waits for a stopped tick thread to end after Horovod's shutdown
+
+
+class Snapshot:
+    """A survivor's model at a reset: flat weights (gradient policies: the replica; wbsp: the global model W), the
+    optimizer state and `progress`, the updates of all ranks applied into it."""
+
+    def __init__(self, weights, optimizer_state, progress: int):
+        self.weights, self.optimizer_state, self.progress = weights, optimizer_state, progress
+
+
+class ElasticRun:
+    """One relaxed optimizer's side of elastic Horovod: what its engine was, and what the next one starts from."""
+
+    def __init__(self, optimizer, session, flat, start_engine):
+        self.optimizer, self.session, self.flat = optimizer, session, flat
+        self._start_engine = start_engine     # builds the engine for the current rank set (optimizer.py)
+        self.snapshot: Optional[Snapshot] = None
+        self.resets = 0
+        self.reset_s = 0.0                    # from a reset's start to the new engine's first step
+        self._reset_at: Optional[float] = None
+        self.recovered_from: List[int] = []   # per reset: the updates in the state the job resumed from (-1: Horovod's)
+        _LIVE.append(self)
+
+    # ---- the training thread ---------------------------------------------------------------------------------
+    def before_step(self):
+        """At step(): build the engine if there is none (the first step, or the first after a reset)."""
+        engine = self.session.engine
+        if engine is not None and not engine.abandoned:
+            return
+        if engine is not None:                       # a reset happened: the old engine is dead
+            self.session.engine = None
+            self.resets += 1
+        self._start_engine(self._recover)
+        if self._reset_at is not None:
+            self.reset_s += time.perf_counter() - self._reset_at
+            self._reset_at = None
+
+    def failed(self, error: TickerError) -> BaseException:
+        """step() met the tick thread's failure: snapshot this replica now (Horovod restores the commit next), and
+        return the error Horovod's elastic loop expects."""
+        self._take_snapshot()
+        cause = error.__cause__ if error.__cause__ is not None else error
+        return HorovodInternalError(f"hvd_elastic: the ticks failed: {cause}")
+
+    def _recover(self, epoch_and_id):
+        """Collective, at a new engine's start: every rank learns every survivor's progress; the most advanced
+        snapshot (lowest rank among equals) becomes every rank's weights and optimizer state. Returns the job's
+        common (epoch_ns, engine id)."""
+        mine = self.snapshot.progress if self.snapshot is not None else -1
+        everyone = hvd.allgather_object((mine, *epoch_and_id), name="hvd_elastic.elastic.start")
+        best = max(range(len(everyone)), key=lambda r: (everyone[r][0], -r))
+        if everyone[best][0] >= 0:
+            if hvd.rank() == best:
+                self.flat.set_weights(self.snapshot.weights)
+                self.optimizer.load_state_dict(self.snapshot.optimizer_state)
+            self.flat.broadcast_weights(root_rank=best)
+            hvd.broadcast_optimizer_state(self.optimizer, root_rank=best)
+        if self.resets or self.snapshot is not None:
+            self.recovered_from.append(int(everyone[best][0]))
+        self.snapshot = None
+        return everyone[0][1], max(e[2] for e in everyone)
+
+    # ---- the reset (hvd.elastic.run, before Horovod shuts down) -----------------------------------------------
+    def stop(self):
+        engine = self.session.engine
+        if engine is None or engine.finished or engine.abandoned:
+            return None
+        self._reset_at = time.perf_counter()
+        # HostsUpdatedInterrupt: every rank is alive at a commit: apply the ticks completed so far, then keep the
+        # replica. A tick thread that failed: the replica was kept at step() (failed()), or the failure surfaced
+        # outside step() and Horovod has restored the commit, which its sync spreads.
+        healthy = not engine.ticker.stopped
+        engine.abandon(drain=healthy)
+        if healthy:
+            self._take_snapshot()
+        return engine
+
+    def _take_snapshot(self):
+        engine = self.session.engine
+        if engine is None or self.snapshot is not None:
+            return
+        weights = (engine.updates.global_model if engine.updates.local_step else self.flat.weights()).clone()
+        state = copy.deepcopy(self.optimizer._hvd_elastic_base.state_dict(self.optimizer))
+        self.snapshot = Snapshot(weights, state, engine.applied_contributions)
+
+    def counters(self) -> dict:
+        return {"elastic_resets": self.resets, "elastic_reset_s": round(self.reset_s, 3),
+                "elastic_resumed_from_updates": list(self.recovered_from)}
+
+
+_LIVE: List[ElasticRun] = []
+_HOROVOD_SHUTDOWN = {"original": None}
+
+
+def _stop_engines_then_shutdown():
+    """horovod.torch.elastic's shutdown during a reset: stop every live engine's ticks, shut Horovod down (a tick
+    under way fails there), then wait for the tick threads to end before Horovod is initialised again."""
+    _LIVE[:] = [run for run in _LIVE if run.session.report is None]
+    stopped = [e for e in (run.stop() for run in _LIVE) if e is not None]
+    _HOROVOD_SHUTDOWN["original"]()
+    for engine in stopped:
+        engine.ticker.join(STOP_WAIT_S, check=False)
+
+
+def install():
+    """Route hvd.elastic.run's reset through :func:`_stop_engines_then_shutdown` (once per process)."""
+    if _HOROVOD_SHUTDOWN["original"] is None:
+        _HOROVOD_SHUTDOWN["original"] = _horovod_elastic.shutdown
+        _horovod_elastic.shutdown = _stop_engines_then_shutdown

@@ -210,11 +210,11 @@ def join_wait_s(meta: np.ndarray, rank: int, now_ns: int, hold_fraction: float =
     pushes back); then it joins empty-handed and its push goes into the next tick. A straggler due first thus
     waits for its own push until the fast ranks' pushes, which join its tick: had they joined early instead, their
     pushes made while waiting inside the straggler's tick would go into a tick of their own after it, which makes
-    the fast ranks' gradients one update stale and can sit on their critical path (docs/benchmarks.md). Every other
-    rank joins QUIET_MARGIN of a period before the first predicted push and waits inside the collective, so the tick
-    fires as soon as the group has pushed. A rank more than a hold past its predicted push (overdue) is no longer
-    waited for: ranks outside the group look for it OVERDUE_POLL of its period after the table's tick. Times are
-    compared on the job's common clock (now_ns, LAST_PUSH_NS: ns since the shared epoch), as ZipLine's barriers
+    the fast ranks' gradients one update stale and can sit on their critical path (docs/design.md, "Pacing"). Every
+    other rank joins QUIET_MARGIN of a period before the first predicted push and waits inside the collective, so
+    the tick fires as soon as the group has pushed. A rank more than a hold past its predicted push (overdue) is no
+    longer waited for: ranks outside the group look for it OVERDUE_POLL of its period after the table's tick. Times
+    are compared on the job's common clock (now_ns, LAST_PUSH_NS: ns since the shared epoch), as ZipLine's barriers
     compare them. None when no rank is due or a due rank's period is not measured yet (no prediction: pace by
     tick_s).
 

@@ -42,8 +42,8 @@ Inline ticks: while ticks are joined and a rank waits for its own push's tick (H
 engine pushes with inline=True), the training thread runs that tick itself when it is about to wait (take(block=
 True) -> run_inline), and waits for the collective as Horovod's synchronize does; the tick thread is not woken for
 it. Each hand-over between the two threads costs about a millisecond on a machine whose cores are all busy
-(docs/benchmarks.md). One tick runs at a time (Handoff.ticking), the tick's state lives on the TickLoop, and every
-tick is the same collective whichever thread issues it, so ranks need not agree on who runs it.
+(docs/design.md, "The data plane: ticks"). One tick runs at a time (Handoff.ticking), the tick's state lives on the
+TickLoop, and every tick is the same collective whichever thread issues it, so ranks need not agree on who runs it.
 
 Shutdown: a rank that has finished raises FINISHED in its row; the thread stops after the first tick in which every
 rank is finished and nobody pushed or has anything pending, which every rank sees at the same tick (so no

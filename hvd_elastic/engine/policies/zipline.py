@@ -22,7 +22,7 @@ class Zipline(Policy):
     decision it stops at B_q + R (then, L = 0, every rank stops where it is: a forced barrier). All of it is a
     function of the tick stream, so every rank agrees."""
 
-    # Under a straggler joined ticks reach the target no sooner and end less accurate (measured: docs/benchmarks.md)
+    # Under a straggler joined ticks reach the target no sooner and end less accurate (docs/design.md, "Pacing")
     joins_stragglers = False
     has_barriers = True
 

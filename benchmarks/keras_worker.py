@@ -16,6 +16,7 @@ import keras  # noqa: E402
 
 import hvd_elastic.keras as hvdk  # noqa: E402
 from hvd_elastic import registry  # noqa: E402
+from hvd_elastic.tensorflow._core import state_of  # noqa: E402
 from benchmarks.matrix import worker_arguments, worker_straggler  # noqa: E402
 
 
@@ -83,7 +84,7 @@ def main():
             hvd.allreduce(tf.zeros(1), name="bench.start")
             t0[0] = time.perf_counter()
             # the report measures from here (set-up is not training time), as in torch_worker.py
-            session = opt._hvd_elastic.session
+            session = state_of(opt).session
             session.telemetry.restart(t0[0])
             session.last_step_end = t0[0]
 

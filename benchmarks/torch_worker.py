@@ -29,6 +29,7 @@ import torch.nn.functional as F
 import hvd_elastic.torch as hvde
 from benchmarks.matrix import worker_arguments, worker_straggler
 from hvd_elastic import registry
+from hvd_elastic.torch.attached import state_of
 from hvd_elastic.telemetry import Telemetry, finish_report
 
 
@@ -72,7 +73,7 @@ def main():
         lbbsp = registry.policy(os.environ.get("HVD_ELASTIC_POLICY", registry.DEFAULT)).balances_batches
         opt = hvde.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
                                         **({"global_batch": args.batch_size * size} if lbbsp else {}))
-        policy, telemetry = opt._hvd_elastic.cfg.policy, None
+        policy, telemetry = hvde.settings(opt).policy, None
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
 
@@ -106,7 +107,7 @@ def main():
     if spec is not None and spec.deltas:
         # the global model W the ranks download (trainable parameters flattened in model.parameters() order);
         # every tick updates it in place, the copy keeps this snapshot's values
-        updates = opt._hvd_elastic.engine.updates
+        updates = state_of(opt).session.engine.updates
 
         def weights():
             return updates.global_model.detach().to(torch.float32).clone()
@@ -128,7 +129,7 @@ def main():
     if telemetry is not None:
         telemetry.restart(t0)
     else:
-        session = opt._hvd_elastic
+        session = state_of(opt).session
         session.telemetry.restart(t0)
         session.last_step_end = t0
     for idx in batches():

@@ -105,7 +105,7 @@ def main():
     # Horovod's Keras call; a relaxed policy refuses fp16 compression here with one line.
     opt = hvde.DistributedOptimizer(keras.optimizers.SGD(0.01), compression=compression, **extra)
     model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer=opt)
-    log(f"Policy: {opt._hvd_elastic.cfg.policy}")
+    log(f"Policy: {hvde.settings(opt).policy}")
 
     shape = (args.image_size, args.image_size, 3)
     if policy == "lbbsp":

@@ -76,10 +76,10 @@ def main():
         acc = (model(x_te).argmax(1) == y_te).float().mean().item()
     wall = time.perf_counter() - t0
     if hvd.rank() == 0:
-        print(f"test accuracy: {acc:.4f}  (policy {opt._hvd_elastic.cfg.policy}, {wall:.1f} s wall)", flush=True)
+        print(f"test accuracy: {acc:.4f}  (policy {hvde.settings(opt).policy}, {wall:.1f} s wall)", flush=True)
         if args.summary:
             with open(args.summary, "w") as f:
-                json.dump({"accuracy": acc, "wall_s": wall, "policy": opt._hvd_elastic.cfg.policy}, f)
+                json.dump({"accuracy": acc, "wall_s": wall, "policy": hvde.settings(opt).policy}, f)
 
 
 if __name__ == "__main__":

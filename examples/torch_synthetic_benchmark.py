@@ -102,7 +102,7 @@ def main():
     log(f"Model: {args.model}")
     log(f"Batch size: {args.batch_size}" + (f" (lbbsp: global batch {global_batch})" if policy == "lbbsp" else ""))
     log(f"Number of CPUs (ranks): {hvd.size()}")
-    log(f"Policy: {optimizer._hvd_elastic.cfg.policy}")
+    log(f"Policy: {hvde.settings(optimizer).policy}")
 
     log("Running warmup...")
     timeit.timeit(benchmark_step, number=args.num_warmup_batches)

@@ -179,7 +179,7 @@ def test_a_stopped_rank_on_another_host_is_named(fault_jobs):
 def test_a_cut_link_is_named_and_the_job_ends(fault_jobs):
     """Its heartbeats stop reaching rank 0's hub, the watchdog names rank 3 and every live rank ends."""
     res, _ = fault_jobs["test_a_cut_link_is_named_and_the_job_ends"].result()
-    assert res.elapsed >= 0 and not res.timed_out, res.output[-3000:]
+    assert not res.timed_out, res.output[-3000:]
     assert res.returncode != 0, res.output[-3000:]
     assert [ln for ln in res.output.splitlines() if "hvd_elastic: error" in ln and "rank 3" in ln], \
         res.output[-3000:]

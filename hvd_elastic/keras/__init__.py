@@ -87,7 +87,7 @@ class SyncCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         model = self.model
         opt = model.optimizer
-        state = getattr(opt, "_hvd_elastic", None)
+        state = state_of(opt)
         if state is None:
             raise ConfigError("SyncCallback needs the model compiled with hvd_elastic.keras.DistributedOptimizer(...)")
         state.restart_if_finished()
@@ -150,7 +150,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
     epochs contribute to the epochs they ran)."""
 
     def on_train_begin(self, logs=None):
-        state = getattr(self.model.optimizer, "_hvd_elastic", None)
+        state = state_of(self.model.optimizer)
         self._relaxed = state is not None and state.cfg.spec.ticks
         self._epochs: List[Dict[str, float]] = []
 
@@ -270,5 +270,10 @@ def global_steps(optimizer) -> int:
     return state_of(optimizer, "global_steps").global_steps()
 
 
+def settings(optimizer):
+    """The settings the optimizer runs under (``settings(opt).policy``; ``settings(opt).spec``: what the policy is)."""
+    return state_of(optimizer, "settings").cfg
+
+
 __all__ = ["DistributedOptimizer", "MetricAverageCallback", "SyncCallback", "WarmupSchedule", "batch_sizes",
-           "broadcast_variables", "global_steps", "lbbsp_dataset", "scale_lr"]
+           "broadcast_variables", "global_steps", "lbbsp_dataset", "scale_lr", "settings"]

@@ -46,6 +46,11 @@ def global_steps(optimizer) -> int:
     return state_of(optimizer, "global_steps").global_steps()
 
 
+def settings(optimizer):
+    """The settings the optimizer runs under (``settings(opt).policy``; ``settings(opt).spec``: what the policy is)."""
+    return state_of(optimizer, "settings").cfg
+
+
 def finish(optimizer) -> Dict[str, Any]:
     """Collective end of training: deliver and apply every pushed update, leave all ranks with identical weights,
     and report. Returns the report (a dict) on every rank; rank 0 prints it unless HVD_ELASTIC_REPORT=0."""
@@ -59,4 +64,4 @@ def training(optimizer):
     finish(optimizer)
 
 
-__all__ = ["DistributedOptimizer", "broadcast_variables", "finish", "global_steps", "training"]
+__all__ = ["DistributedOptimizer", "broadcast_variables", "finish", "global_steps", "settings", "training"]

@@ -137,7 +137,7 @@ class ElasticState:
         self.flat: Optional[_FlatVars] = None
         self.buffers: Optional[List[tf.Variable]] = None
         self.started = False
-        self._apply_flat = None
+        self.apply_flat = None
 
     @property
     def cfg(self) -> _config.Config:
@@ -172,7 +172,7 @@ class ElasticState:
         self.session.last_step_end = time.perf_counter()
 
     def _build_flat(self, trainable_variables):
-        """The flat layout of the trained variables, the gradient buffers (defer mode), and ``_apply_flat``: the
+        """The flat layout of the trained variables, the gradient buffers (defer mode), and ``apply_flat``: the
         optimizer's own apply over one flat gradient."""
         self.flat = flat = _FlatVars(trainable_variables)
         if self.mode == "defer" and self.buffers is None:
@@ -184,10 +184,10 @@ class ElasticState:
         def apply_flat(g):
             base_apply(opt, flat.split(g), flat.variables)
 
-        self._apply_flat = apply_flat
+        self.apply_flat = apply_flat
 
     def _start_engine(self):
-        s, flat, apply_flat = self.session, self.flat, self._apply_flat
+        s, flat, apply_flat = self.session, self.flat, self.apply_flat
         epoch_ns = hvd.broadcast_object(time.time_ns(), root_rank=0, name="hvd_elastic.epoch")
         buffers = TfBuffers(flat.dtype)
         s.start_engine(Frontend(flat.numel, buffers, _allreduce_sum, tick_name="hvd_elastic.tick", epoch_ns=epoch_ns,
@@ -233,7 +233,7 @@ class ElasticState:
                               "data) (one per step, sized by the policy); this step's batch did not")
         buf = ctl.buffer
         ctl.step(self.session, self.deferred_gradient().numpy(), lambda: _allreduce_sum([buf], "hvd_elastic.lbbsp"),
-                 lambda grad: self._apply_flat(tf.convert_to_tensor(grad)))
+                 lambda grad: self.apply_flat(tf.convert_to_tensor(grad)))
 
     def deferred_gradient(self) -> tf.Tensor:
         return self.flat.flatten(self.buffers)
@@ -343,7 +343,7 @@ def _elastic_apply(self, grads, trainable_variables=None):
     if state.local_step:
         # A local step on this rank's own copy (compute), through the same tf.function as the ticks.
         flat_grad = state.flat.flatten(grads)
-        state.relaxed_step(None, local_step=lambda: state._apply_flat(flat_grad))
+        state.relaxed_step(None, local_step=lambda: state.apply_flat(flat_grad))
     else:
         state.relaxed_step(state.flat.flatten(grads))
     return None
@@ -356,7 +356,7 @@ def wrap_optimizer(optimizer, policy_kwargs: Dict[str, Any], frontend: str,
     import keras
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer takes a Keras 3 optimizer instance, got {type(optimizer).__name__}")
-    if getattr(optimizer, "_hvd_elastic", None) is not None:
+    if state_of(optimizer) is not None:
         raise TypeError("this optimizer is already wrapped by hvd_elastic")
     cfg = load_config(policy_kwargs, frontend)
     horovod_args = check_horovod_arguments(cfg.spec, horovod_args or {})
@@ -369,9 +369,11 @@ def wrap_optimizer(optimizer, policy_kwargs: Dict[str, Any], frontend: str,
     return optimizer
 
 
-def state_of(optimizer, caller: str) -> ElasticState:
+def state_of(optimizer, caller: str = "") -> Optional[ElasticState]:
+    """The optimizer's ElasticState (the one place that reads it from outside the optimizer); None, or with `caller`
+    a TypeError naming it, if hvd_elastic did not wrap it."""
     state = getattr(optimizer, "_hvd_elastic", None)
-    if state is None:
+    if state is None and caller:
         raise TypeError(f"{caller}() takes an optimizer made by hvd_elastic's DistributedOptimizer")
     return state
 

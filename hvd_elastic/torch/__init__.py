@@ -15,6 +15,6 @@ Swap one import; choose the policy with ``HVD_ELASTIC_POLICY`` (or the ``policy=
     # here every rank holds the same weights; rank 0 has printed where the time went
 """
 from .lbbsp import LbbspSampler, batch_sizes
-from .optimizer import DistributedOptimizer, finish, global_steps, training
+from .optimizer import DistributedOptimizer, finish, global_steps, settings, training
 
-__all__ = ["DistributedOptimizer", "LbbspSampler", "batch_sizes", "finish", "global_steps", "training"]
+__all__ = ["DistributedOptimizer", "LbbspSampler", "batch_sizes", "finish", "global_steps", "settings", "training"]

@@ -9,18 +9,19 @@ is sized for one rank set, so around that reset the plugin:
   step(), carries Horovod's error), so Horovod's elastic loop handles it as it handles its own allreduce's;
 - stops every live engine's tick thread before Horovod shuts down, without a collective (``horovod.torch.elastic``'s
   reset calls :func:`_stop_engines_then_shutdown`); pushes not in a completed tick are dropped on every rank alike;
-- keeps the most advanced replica: at the failure (the training thread meets it in step()) or at the reset, each
+- keeps the most advanced replica: when Horovod is about to restore the last commit after a failure
+  (``TorchState.restore`` runs :meth:`ElasticRun.keep_replica` first), or at a reset without a failure, each
   survivor snapshots its model -- the gradient policies' replica after the ticks it applied (every rank applies the
   same ticks in the same order, so each survivor holds a valid state), wbsp's global model W -- with the count of
-  updates in it;
+  updates in it, and its optimizer state;
 - builds a new engine at the first step() after the reset (collective: every rank, new ones included, is there
   after Horovod's sync), for the new ranks, from the snapshot of the survivor that applied the most updates (its
   weights and optimizer state broadcast to every rank), or from the state Horovod synced where no survivor has
   one. The engine's clocks, gates, barriers and tick table start afresh over the new ranks.
 
-So a reset loses at most the updates in flight when it happened, not the steps since the last commit (where the
-failure first surfaces in a collective of the script's own, Horovod has restored the commit before the plugin can
-act: then the commit is what the job resumes from, as under Horovod). docs/horovod-compat.md, "Elastic Horovod".
+So a reset loses at most the updates in flight when it happened, not the steps since the last commit. The rest of
+what TorchState holds (the model's buffers, the script's own counters such as ``state.batch``) comes back from the
+commit, as under Horovod. docs/horovod-compat.md, "Elastic Horovod".
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from typing import List, Optional
 import horovod.torch as hvd
 import horovod.torch.elastic as _horovod_elastic
 from horovod.common.exceptions import HorovodInternalError
+from horovod.torch.elastic.state import TorchState
 
 from ..engine.ticker import TickerError
 
@@ -48,8 +50,8 @@ class Snapshot:
 class ElasticRun:
     """One relaxed optimizer's side of elastic Horovod: what its engine was, and what the next one starts from."""
 
-    def __init__(self, optimizer, session, flat, start_engine):
-        self.optimizer, self.session, self.flat = optimizer, session, flat
+    def __init__(self, optimizer, state, start_engine):
+        self.optimizer, self.state, self.session = optimizer, state, state.session
         self._start_engine = start_engine     # builds the engine for the current rank set (optimizer.py)
         self.snapshot: Optional[Snapshot] = None
         self.resets = 0
@@ -73,9 +75,7 @@ class ElasticRun:
             self._reset_at = None
 
     def failed(self, error: TickerError) -> BaseException:
-        """step() met the tick thread's failure: snapshot this replica now (Horovod restores the commit next), and
-        return the error Horovod's elastic loop expects."""
-        self._take_snapshot()
+        """step() met the tick thread's failure: the error Horovod's elastic loop expects."""
         cause = error.__cause__ if error.__cause__ is not None else error
         return HorovodInternalError(f"hvd_elastic: the ticks failed: {cause}")
 
@@ -88,24 +88,29 @@ class ElasticRun:
         best = max(range(len(everyone)), key=lambda r: (everyone[r][0], -r))
         if everyone[best][0] >= 0:
             if hvd.rank() == best:
-                self.flat.set_weights(self.snapshot.weights)
+                self.state.flat.set_weights(self.snapshot.weights)
                 self.optimizer.load_state_dict(self.snapshot.optimizer_state)
-            self.flat.broadcast_weights(root_rank=best)
+            self.state.flat.broadcast_weights(root_rank=best)
             hvd.broadcast_optimizer_state(self.optimizer, root_rank=best)
         if self.resets or self.snapshot is not None:
             self.recovered_from.append(int(everyone[best][0]))
         self.snapshot = None
         return everyone[0][1], max(e[2] for e in everyone)
 
-    # ---- the reset (hvd.elastic.run, before Horovod shuts down) -----------------------------------------------
+    # ---- the reset (hvd.elastic.run) ---------------------------------------------------------------------------
+    def keep_replica(self):
+        """Horovod is about to restore the last commit after a failure: keep this replica first."""
+        engine = self.session.engine
+        if engine is not None and not engine.finished and not engine.abandoned:
+            self._take_snapshot()
+
     def stop(self):
         engine = self.session.engine
         if engine is None or engine.finished or engine.abandoned:
             return None
         self._reset_at = time.perf_counter()
         # HostsUpdatedInterrupt: every rank is alive at a commit: apply the ticks completed so far, then keep the
-        # replica. A tick thread that failed: the replica was kept at step() (failed()), or the failure surfaced
-        # outside step() and Horovod has restored the commit, which its sync spreads.
+        # replica. After a failure the replica was kept before Horovod's restore (keep_replica).
         healthy = not engine.ticker.stopped
         engine.abandon(drain=healthy)
         if healthy:
@@ -116,8 +121,8 @@ class ElasticRun:
         engine = self.session.engine
         if engine is None or self.snapshot is not None:
             return
-        weights = (engine.updates.global_model if engine.updates.local_step else self.flat.weights()).clone()
-        state = copy.deepcopy(self.optimizer._hvd_elastic_base.state_dict(self.optimizer))
+        weights = (engine.updates.global_model if engine.updates.local_step else self.state.flat.weights()).clone()
+        state = copy.deepcopy(self.state.base.state_dict(self.optimizer))
         self.snapshot = Snapshot(weights, state, engine.applied_contributions)
 
     def counters(self) -> dict:
@@ -126,7 +131,7 @@ class ElasticRun:
 
 
 _LIVE: List[ElasticRun] = []
-_HOROVOD_SHUTDOWN = {"original": None}
+_HOROVOD = {"shutdown": None, "restore": None}
 
 
 def _stop_engines_then_shutdown():
@@ -134,13 +139,22 @@ def _stop_engines_then_shutdown():
     under way fails there), then wait for the tick threads to end before Horovod is initialised again."""
     _LIVE[:] = [run for run in _LIVE if run.session.report is None]
     stopped = [e for e in (run.stop() for run in _LIVE) if e is not None]
-    _HOROVOD_SHUTDOWN["original"]()
+    _HOROVOD["shutdown"]()
     for engine in stopped:
         engine.ticker.join(STOP_WAIT_S, check=False)
 
 
+def _keep_replicas_then_restore(state):
+    """TorchState.restore (after a failure, before the reset): every live engine's replica is kept first."""
+    _LIVE[:] = [run for run in _LIVE if run.session.report is None]
+    for run in _LIVE:
+        run.keep_replica()
+    _HOROVOD["restore"](state)
+
+
 def install():
-    """Route hvd.elastic.run's reset through :func:`_stop_engines_then_shutdown` (once per process)."""
-    if _HOROVOD_SHUTDOWN["original"] is None:
-        _HOROVOD_SHUTDOWN["original"] = _horovod_elastic.shutdown
-        _horovod_elastic.shutdown = _stop_engines_then_shutdown
+    """Route hvd.elastic.run's reset through :func:`_stop_engines_then_shutdown`, and TorchState.restore through
+    :func:`_keep_replicas_then_restore` (once per process)."""
+    if _HOROVOD["shutdown"] is None:
+        _HOROVOD["shutdown"], _horovod_elastic.shutdown = _horovod_elastic.shutdown, _stop_engines_then_shutdown
+        _HOROVOD["restore"], TorchState.restore = TorchState.restore, _keep_replicas_then_restore

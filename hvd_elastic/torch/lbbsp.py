@@ -21,6 +21,7 @@ import torch
 
 from ..errors import HvdElasticError
 from ..lbbsp import BatchPlan, LbbspController
+from .attached import state_of
 from .buffers import FlatParams
 from .wrapping import SynchronizeProtocol, refuse_sparse_gradients, refuse_unsupported_arguments, wrap_class
 
@@ -35,8 +36,8 @@ class _Overlap:
     divides the gradients by B = sum_p b_p; step() then runs the user's optimizer. One backward per step: a second
     gradient of the same parameter before step() is an error."""
 
-    def __init__(self, optimizer, session, params, dtype):
-        self.optimizer, self.session, self.ctl, self.params = optimizer, session, session.lbbsp, params
+    def __init__(self, state, params, dtype):
+        self.state, self.session, self.ctl, self.params = state, state.session, state.session.lbbsp, params
         self.dtype = dtype      # the table's words: the gradients' numpy twin (float32 for 16-bit gradients)
         self.handles = {}
         self.table = None       # (tensor, handle) of this step's table allreduce, submitted before the last gradient
@@ -48,7 +49,7 @@ class _Overlap:
 
     def _name(self, p) -> str:
         """The parameter's Horovod name (the optimizer's named_parameters), the same on every rank."""
-        name = self.optimizer._parameter_names.get(p)
+        name = self.state.names.get(p)
         return name if name is not None else f"p{self._index[id(p)]}"
 
     def _submit_table(self):
@@ -59,7 +60,7 @@ class _Overlap:
 
     def _submit(self, p):
         if p.grad.is_sparse:
-            refuse_sparse_gradients(self.optimizer, self.session.cfg.policy)
+            refuse_sparse_gradients(self.state, self.session.cfg.policy)
         if not self.handles:
             self.ctl.unstepped = self._unapplied
         if len(self.handles) == len(self.params) - 1:
@@ -122,7 +123,7 @@ class _Overlap:
         self.ctl.unstepped = None
         # what the script did between synchronize() and step() (clipping) counts as compute
         compute += time.perf_counter() - done
-        apply = self.optimizer._hvd_elastic_inner_step if applied else (lambda: None)
+        apply = self.state.inner_step if applied else (lambda: None)
         self.ctl.end_step(self.session, table, compute, blocked, apply, resize=applied)
 
     def _unapplied(self):
@@ -142,7 +143,7 @@ def _lbbsp_step(self, closure=None):
     if closure is not None:
         with torch.enable_grad():
             loss = closure()
-    self._hvd_elastic_overlap.step()
+    self._hvd_elastic.overlap.step()
     return loss
 
 
@@ -151,20 +152,20 @@ def _lbbsp_synchronize(self):
     over the global batch (Horovod's: the averaged gradient), which the script may clip before step() inside
     skip_synchronize()."""
     SynchronizeProtocol.synchronize(self)
-    self._hvd_elastic_overlap.synchronize()
+    self._hvd_elastic.overlap.synchronize()
 
 
 def _lbbsp_zero_grad(self, *args, **kwargs):
     """zero_grad() under lbbsp: a step whose backward ran and whose step() the script skipped (torch.amp.GradScaler
     after an overflow) is ended unapplied first, as LbbspSampler's next draw ends it, so that its reductions are
     complete before the gradients are zeroed and the next backward starts a new step."""
-    self._hvd_elastic_overlap.ctl.end_unstepped()
-    return self._hvd_elastic_base.zero_grad(self, *args, **kwargs)
+    self._hvd_elastic.overlap.ctl.end_unstepped()
+    return self._hvd_elastic.base.zero_grad(self, *args, **kwargs)
 
 
-def build_lbbsp(optimizer, session, *, compression, op, gradient_predivide_factor, sparse_as_dense, process_set,
+def build_lbbsp(optimizer, state, *, compression, op, gradient_predivide_factor, sparse_as_dense, process_set,
                 backward_passes_per_step):
-    refuse_unsupported_arguments(session.cfg.spec, compression=compression, op=op,
+    refuse_unsupported_arguments(state.session.cfg.spec, compression=compression, op=op,
                                  gradient_predivide_factor=gradient_predivide_factor,
                                  sparse_as_dense=sparse_as_dense, process_set=process_set,
                                  backward_passes_per_step=backward_passes_per_step,
@@ -175,10 +176,10 @@ def build_lbbsp(optimizer, session, *, compression, op, gradient_predivide_facto
     # wrapped optimizer's own step, not ours (which would run a collective on one side only). synchronize() completes
     # the step's exchange (as Horovod's does), step() completes it where the script did not call synchronize(),
     # zero_grad() ends a step whose step() the script skipped.
-    wrap_class(optimizer, _lbbsp_step, {"synchronize": _lbbsp_synchronize, "zero_grad": _lbbsp_zero_grad})
-    optimizer._hvd_elastic_flat = flat
+    wrap_class(optimizer, state, _lbbsp_step, {"synchronize": _lbbsp_synchronize, "zero_grad": _lbbsp_zero_grad})
+    state.flat = flat
     flat.broadcast_weights(root_rank=0)
-    optimizer._hvd_elastic_overlap = _Overlap(optimizer, session, flat.params, flat.dtype)
+    state.overlap = _Overlap(state, flat.params, flat.dtype)
     return optimizer
 
 
@@ -188,8 +189,8 @@ def batch_sizes(optimizer) -> List[int]:
 
 
 def _controller(optimizer) -> LbbspController:
-    session = getattr(optimizer, "_hvd_elastic", None)
-    ctl = session.lbbsp if session is not None else None
+    state = state_of(optimizer)
+    ctl = state.session.lbbsp if state is not None else None
     if ctl is None:
         raise TypeError("this needs an optimizer made by hvd_elastic.torch.DistributedOptimizer with policy lbbsp")
     return ctl

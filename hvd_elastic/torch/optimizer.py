@@ -35,6 +35,7 @@ from ..engine.ticker import TickerError
 from ..errors import ConfigError, HvdElasticError
 from ..session import Session
 from . import collectives
+from .attached import Attached, attach, state_of
 from .backward_push import BackwardPush
 from .buffers import FlatParams
 from .momentum import RoundSgd, step_with_momentum_share
@@ -95,7 +96,7 @@ def _allreduce_sum(tensors, name, block=False):
 def _relaxed_step(self, closure=None):
     """step() of a relaxed-policy optimizer: push this step's update to the engine, apply delivered ticks, and
     wait while the policy's gate is closed."""
-    elastic = self._hvd_elastic_elastic
+    elastic = self._hvd_elastic.elastic
     if elastic is None:
         return _relaxed_step_body(self, closure)
     elastic.before_step()
@@ -106,7 +107,8 @@ def _relaxed_step(self, closure=None):
 
 
 def _relaxed_step_body(self, closure):
-    session = self._hvd_elastic
+    state = self._hvd_elastic
+    session = state.session
     synchronized = self._synchronized
     self._hvd_elastic_begin_step()
     loss = None
@@ -118,11 +120,11 @@ def _relaxed_step_body(self, closure):
         raise HvdElasticError("optimizer.step() after finish(opt): this optimizer's training has ended; build a new "
                               "hvd_elastic.torch.DistributedOptimizer for more training")
     if engine.updates.local_step:             # wbsp: a local step on this rank's own copy, then its delta
-        session.relaxed_step(local_step=self._hvd_elastic_inner_step)
+        session.relaxed_step(local_step=state.inner_step)
         return loss
-    pushed = self._hvd_elastic_backward.settle(synchronized)
-    refuse_sparse_gradients(self, session.cfg.policy)
-    session.relaxed_step(self._hvd_elastic_flat.accumulate_gradients, pushed=pushed)
+    pushed = state.backward.settle(synchronized)
+    refuse_sparse_gradients(state, session.cfg.policy)
+    session.relaxed_step(state.flat.accumulate_gradients, pushed=pushed)
     if engine.applied_contributions == 0:
         # The optimizer state (momentum, Adam moments) is created by the first applied tick. Waiting for it once
         # here (already so under HVD_ELASTIC_MAX_INFLIGHT=0) gives every rank the same state *structure* from its
@@ -134,7 +136,7 @@ def _relaxed_step_body(self, closure):
 def _relaxed_synchronize(self):
     """Horovod's synchronize(): nothing to exchange (the gradient stays this rank's own until it is pushed); the
     script is about to change the gradients, which must not have been pushed yet (backward_push.py)."""
-    backward = getattr(self, "_hvd_elastic_backward", None)
+    backward = self._hvd_elastic.backward
     if backward is not None:
         backward.synchronize_called()
     SynchronizeProtocol.synchronize(self)
@@ -163,7 +165,7 @@ def _relaxed_state_dict(self):
     # dummy step); only the first call, made by every rank, may be collective.
     if frame is not None and "state_dict" not in frame.f_locals:
         sync_replicas(self)
-    return self._hvd_elastic_base.state_dict(self)
+    return self._hvd_elastic.base.state_dict(self)
 
 
 def sync_replicas(optimizer):
@@ -171,7 +173,8 @@ def sync_replicas(optimizer):
     is called), so under the gradient policies weights and optimizer state are identical on every rank when it
     returns. Pushed updates not in those ticks stay pending and are applied later, on every rank alike. No-op for
     wbsp (optimizer state is per rank by design), lbbsp and bsp (lock-step) and finished optimizers."""
-    engine = getattr(getattr(optimizer, "_hvd_elastic", None), "engine", None)
+    state = state_of(optimizer)
+    engine = state.session.engine if state is not None else None
     if engine is not None and not engine.abandoned:
         name = f"{engine.ticker.name}.sync"
         engine.sync_replicas(lambda n: int(hvd.allgather(torch.tensor([n], dtype=torch.int64), name=name).max()))
@@ -180,43 +183,44 @@ def sync_replicas(optimizer):
 _ENGINE_IDS = itertools.count()      # relaxed engines built in this process: the same sequence on every rank
 
 
-def _build_relaxed(optimizer, session: Session, names, backward_passes_per_step: int = 1):
+def _build_relaxed(optimizer, state: Attached, backward_passes_per_step: int = 1):
+    session, names = state.session, state.names
     params = [p for g in optimizer.param_groups for p in g["params"]]
     flat = FlatParams(params)
     # __module__ (wrap_class): horovod.torch.broadcast_optimizer_state() initialises an empty optimizer state with a
     # dummy step(); for classes from Horovod's optimizer module it calls the wrapped optimizer's own step instead.
     # Ours must be treated the same way: a dummy step through the engine would push an update on some ranks only.
-    wrap_class(optimizer, _relaxed_step, {"state_dict": _relaxed_state_dict, "synchronize": _relaxed_synchronize})
-    optimizer._hvd_elastic_flat = flat
-    optimizer._hvd_elastic_elastic = None
+    wrap_class(optimizer, state, _relaxed_step, {"state_dict": _relaxed_state_dict,
+                                                 "synchronize": _relaxed_synchronize})
+    state.flat = flat
     _UNFINISHED[:] = [s for s in _UNFINISHED if s.report is None]
     _UNFINISHED.append(session)
     _install_exit_handlers()
 
     def start(recover=None):
-        _start_engine(optimizer, session, flat, names, backward_passes_per_step, recover)
+        _start_engine(optimizer, state, backward_passes_per_step, recover)
 
     if _config.horovod_elastic():
         # Elastic Horovod: a worker that joins builds its optimizer while the others sync; the engine is built at
         # the first step() (and again after each reset), where every rank is (torch/elastic.py).
         from . import elastic
         elastic.install()
-        optimizer._hvd_elastic_elastic = elastic.ElasticRun(optimizer, session, flat, start)
-        optimizer._hvd_elastic_backward = BackwardPush(flat, session, names, False)
+        state.elastic = elastic.ElasticRun(optimizer, state, start)
+        state.backward = BackwardPush(flat, session, names, False)
     else:
         start()
     return optimizer
 
 
-def _start_engine(optimizer, session: Session, flat: FlatParams, names, backward_passes_per_step: int,
-                  recover=None):
+def _start_engine(optimizer, state: Attached, backward_passes_per_step: int, recover=None):
     """Collective: build this optimizer's engine for the current ranks. recover(epoch_and_id) (elastic Horovod)
     brings every rank to one state and returns the job's (epoch_ns, engine id)."""
+    session, flat = state.session, state.flat
     if recover is not None:
         session.rank, session.size = hvd.rank(), hvd.size()
         session.telemetry.rank, session.telemetry.size = session.rank, session.size
     per = session.cfg.momentum_per
-    rounds = RoundSgd(optimizer, optimizer._hvd_elastic_inner_step, session.size) \
+    rounds = RoundSgd(optimizer, state.inner_step, session.size) \
         if per == "round" and RoundSgd.applies(optimizer) else None
 
     def apply_gradient(update, scale, share):
@@ -224,7 +228,7 @@ def _start_engine(optimizer, session: Session, flat: FlatParams, names, backward
         if rounds is not None:
             rounds(int(round(share * session.size)))
         else:
-            step_with_momentum_share(optimizer, optimizer._hvd_elastic_inner_step, share if per != "tick" else 1.0)
+            step_with_momentum_share(optimizer, state.inner_step, share if per != "tick" else 1.0)
 
     engine_id = next(_ENGINE_IDS)
     if recover is not None:
@@ -249,8 +253,7 @@ def _start_engine(optimizer, session: Session, flat: FlatParams, names, backward
         write_params=flat.set_weights, read_params_into=flat.weights_into, add_params_into=flat.add_weights_into,
         add_to_params=flat.add_to_weights, sample_params=flat.sample_weights, stream=stream))
     _watch_own_collectives(session.engine)
-    optimizer._hvd_elastic_backward = BackwardPush(
-        flat, session, names, stream and not session.engine.updates.local_step)
+    state.backward = BackwardPush(flat, session, state.names, stream and not session.engine.updates.local_step)
 
 
 def _advance_engine_ids(used: int):
@@ -350,12 +353,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
             gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups, groups=groups,
             sparse_as_dense=sparse_as_dense, process_set=process_set)
         opt = _instrument_bsp(opt, session)
+        attach(opt, session)
     else:
         horovod_argument_checks(op, gradient_predivide_factor, backward_passes_per_step)
         names = parameter_names(optimizer, named_parameters)
+        state = attach(optimizer, session)
+        state.names = names
         if cfg.spec.balances_batches:
             from .lbbsp import build_lbbsp
-            opt = build_lbbsp(optimizer, session, compression=compression, op=op,
+            opt = build_lbbsp(optimizer, state, compression=compression, op=op,
                               gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
                               process_set=process_set, backward_passes_per_step=backward_passes_per_step)
         else:
@@ -363,13 +369,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                                          gradient_predivide_factor=gradient_predivide_factor,
                                          sparse_as_dense=sparse_as_dense, process_set=process_set)
             # groups / num_groups only group Horovod's allreduces; a tick is one buffer (one group) anyway.
-            opt = _build_relaxed(optimizer, session, names, backward_passes_per_step)
+            opt = _build_relaxed(optimizer, state, backward_passes_per_step)
         # Horovod's public attributes, for code that reads them.
         opt._parameter_names = names
         opt.backward_passes_per_step = backward_passes_per_step
         opt.op, opt.gradient_predivide_factor = op, gradient_predivide_factor
         opt.sparse_as_dense, opt.process_set = sparse_as_dense, process_set
-    opt._hvd_elastic = session
     opt.finish = session.finish
     return opt
 
@@ -377,19 +382,20 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
 def global_steps(optimizer) -> int:
     """Steps taken by all ranks together, as far as this rank knows (exact under bsp; under relaxed policies the
     delivered clocks of the others plus this rank's own steps). Loop on it to train for a global step budget."""
-    session = getattr(optimizer, "_hvd_elastic", None)
-    if session is None:
-        raise TypeError("global_steps() takes an optimizer made by hvd_elastic.torch.DistributedOptimizer")
-    return session.global_steps()
+    return state_of(optimizer, "global_steps").session.global_steps()
+
+
+def settings(optimizer) -> _config.Config:
+    """The settings the optimizer runs under (``settings(opt).policy``, ``settings(opt).spec`` for what the policy
+    is: hvd_elastic/registry.py)."""
+    return state_of(optimizer, "settings").session.cfg
 
 
 def finish(optimizer) -> Dict[str, Any]:
     """Collective end of training: deliver and apply every pushed update, leave all ranks with identical weights,
     and report. Returns the report (a dict) on every rank; rank 0 prints it unless HVD_ELASTIC_REPORT=0."""
-    session = getattr(optimizer, "_hvd_elastic", None)
-    if session is None:
-        raise TypeError("finish() takes an optimizer made by hvd_elastic.torch.DistributedOptimizer")
-    elastic = getattr(optimizer, "_hvd_elastic_elastic", None)
+    state = state_of(optimizer, "finish")
+    session, elastic = state.session, state.elastic
     if elastic is not None and session.report is None:
         elastic.before_step()        # a reset with no step after it: the engine to finish is built first
         session.counter_sources.append(elastic.counters)

@@ -95,25 +95,25 @@ class SynchronizeProtocol:
         self._synchronized = False
 
 
-def wrap_class(optimizer, step, extra=None):
+def wrap_class(optimizer, state, step, extra=None):
     """Make `optimizer` (same object, same state) an instance of a subclass of its own class with our step(),
-    Horovod's synchronize protocol and Horovod's optimizer module (see HOROVOD_OPTIMIZER_MODULE)."""
-    attrs = {"step": step}
+    Horovod's synchronize protocol and Horovod's optimizer module (see HOROVOD_OPTIMIZER_MODULE); `state` (its
+    Attached) learns the user's class and step."""
+    attrs = {"step": step, "_synchronized": False, "_should_synchronize": True}   # Horovod's protocol's defaults
     for name in ("synchronize", "skip_synchronize", "set_backward_passes_per_step", "_hvd_elastic_begin_step"):
         attrs[name] = SynchronizeProtocol.__dict__[name]
     attrs.update(extra or {})
-    base = subclass_in_place(optimizer, attrs, HOROVOD_OPTIMIZER_MODULE)
-    optimizer._hvd_elastic_base = base
-    optimizer._hvd_elastic_inner_step = types.MethodType(base.step, optimizer)
-    optimizer._synchronized, optimizer._should_synchronize = False, True
+    state.base = subclass_in_place(optimizer, attrs, HOROVOD_OPTIMIZER_MODULE)
+    state.inner_step = types.MethodType(state.base.step, optimizer)
     return optimizer
 
 
 
-def refuse_sparse_gradients(opt, policy):
-    for p in opt._hvd_elastic_flat.params:
+def refuse_sparse_gradients(state, policy):
+    """A sparse gradient of the optimizer whose Attached is `state` is a one-line error (policy bsp takes them)."""
+    for p in state.flat.params:
         if p.grad is not None and p.grad.is_sparse:
-            name = opt._parameter_names.get(p, "?")
+            name = state.names.get(p, "?")
             raise ConfigError(f"policy {policy} cannot exchange the sparse gradient of parameter {name!r} (sparse "
                               f"allreduce and sparse_as_dense are policy bsp only; policy wbsp takes sparse "
                               f"gradients too): use policy bsp or wbsp, or dense gradients (e.g. "

@@ -22,5 +22,5 @@ model = torch.nn.Linear(4, 2)
 opt = hvde.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                 named_parameters=model.named_parameters(), **kwargs)
 hvde.finish(opt)
-print(f"config ok on rank {hvd.rank()}: policy={opt._hvd_elastic.cfg.policy}", flush=True)
+print(f"config ok on rank {hvd.rank()}: policy={hvde.settings(opt).policy}", flush=True)
 sys.exit(0)

@@ -1,6 +1,6 @@
 """A Horovod elastic job (horovodrun --elastic, Gloo) with hvd_elastic.torch.DistributedOptimizer under the policy of
 HVD_ELASTIC_POLICY, as a Horovod user writes it: TorchState(model, optimizer, batch), ``@hvd.elastic.run``,
-``state.commit()`` every step.
+``state.commit()`` every step (every --commit-every steps).
 
 The rank set changes mid-run in one of two ways:
 - through the host discovery script, which prints the file given by --hosts-file: at step --remove-at rank 0
@@ -42,6 +42,7 @@ ap.add_argument("--wait", action="append", default=[], help="STEP:SIZE")
 ap.add_argument("--host-names", default="", help="comma list: the discovery file lists the first k of these hosts "
                                                  "with one slot each (a cluster) instead of localhost:k")
 ap.add_argument("--step-sleep", type=float, default=0.05)
+ap.add_argument("--commit-every", type=int, default=1)
 args = ap.parse_args()
 waits = dict(tuple(map(int, w.split(":"))) for w in args.wait)
 
@@ -85,7 +86,8 @@ def train(state):
             print(f"KILLED rank={hvd.rank()} at batch {state.batch}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(args.step_sleep)
-        state.commit()
+        if state.batch % args.commit_every == 0:
+            state.commit()
         while state.batch in waits and hvd.size() != waits[state.batch]:
             time.sleep(0.2)
             state.commit()      # raises HostsUpdatedInterrupt once the driver changed the rank set

@@ -228,7 +228,7 @@ def main():
         out.update(mixed(args.target, args.batch))
     elif modes == ["config"]:
         opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1))
-        print(f"config ok on rank {hvd.rank()}: policy={opt._hvd_elastic.cfg.policy}", flush=True)
+        print(f"config ok on rank {hvd.rank()}: policy={hvdk.settings(opt).policy}", flush=True)
     with open(os.path.join(args.out_dir, f"rank{hvd.rank()}.json"), "w") as f:
         json.dump(out, f)
 

@@ -154,8 +154,8 @@ def train(args, steps, **knobs):
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
     opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.5), **knobs)
     model.compile(optimizer=opt, loss=LOSS)
-    B = opt._hvd_elastic.cfg.global_batch or 64
-    lbbsp = opt._hvd_elastic.cfg.policy == "lbbsp"
+    B = hvdk.settings(opt).global_batch or 64
+    lbbsp = hvdk.settings(opt).spec.balances_batches
     sizes = []
 
     class Sizes(keras.callbacks.Callback):

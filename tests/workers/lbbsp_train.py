@@ -29,6 +29,7 @@ import torch.nn.functional as F
 import hvd_elastic.errors as hvde_errors
 import hvd_elastic.torch as hvde
 from hvd_elastic.lbbsp import batch_positions
+from hvd_elastic.torch.attached import state_of
 
 import faults
 from runs import each_run, write_outputs
@@ -150,8 +151,8 @@ def train(args, steps, **knobs):
     opt = hvde.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5),
                                     named_parameters=model.named_parameters(), **knobs)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    lbbsp = opt._hvd_elastic.cfg.policy == "lbbsp"
-    B = opt._hvd_elastic.cfg.global_batch or 64
+    lbbsp = hvde.settings(opt).spec.balances_batches
+    B = hvde.settings(opt).global_batch or 64
     if lbbsp:
         loader = torch.utils.data.DataLoader(ds, batch_sampler=hvde.LbbspSampler(len(ds), opt, seed=5))
     else:
@@ -163,9 +164,9 @@ def train(args, steps, **knobs):
             for xb, yb in loader:
                 if step == args.recover_at:
                     if lbbsp:
-                        opt._hvd_elastic.straggler.sample_delay_s = args.recovered_delay
+                        state_of(opt).session.straggler.sample_delay_s = args.recovered_delay
                     else:   # bsp: the same per-sample cost at the even split, as a per-step delay
-                        opt._hvd_elastic.straggler.delay_s = args.recovered_delay * B / hvd.size()
+                        state_of(opt).session.straggler.delay_s = args.recovered_delay * B / hvd.size()
                 sizes.append(hvde.batch_sizes(opt) if lbbsp else [len(xb)] * hvd.size())
                 faults.inject(step, hvd.rank(), hvd.size())     # TEST_FAULT* (tests/test_faults.py)
                 opt.zero_grad()

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import HvdElasticError
 from .stream import Stream
-from .table import CLOCK, COUNT, FINISHED, PENDING, SEQ, STREAM, Tick
+from .table import CLOCK, COUNT, FINISHED, HOSTS, PENDING, SEQ, STREAM, Tick
 
 
 class TickerError(HvdElasticError):
@@ -65,6 +65,12 @@ class Handoff:
                 self.error = TickerError("the rank set changed (elastic Horovod reset)")
             self.lock.notify_all()
             self.decide_again()
+
+    def hosts_announced(self) -> int:
+        """The latest change of the rank set any rank has announced (table.HOSTS), as of the last completed tick --
+        whether or not the training thread has applied it: the same on every rank once it completed that tick."""
+        with self.lock:
+            return 0 if self.last_meta is None else int(self.last_meta[:, HOSTS].max())
 
     def check(self):
         if self.error is not None:

@@ -29,6 +29,7 @@ class OwnRow:
         self.gated = False             # the training thread is held at its gate (GATED) ...
         self.gated_at = -1             # ... as of this many ticks taken (Handoff.taken)
         self.outside = False           # the training thread waits in a collective of the script's own (OUTSIDE)
+        self.hosts = 0                 # the latest change of the rank set announced to this rank (HOSTS)
         self.resumed_ns = -1           # when the training thread last started a step (after its gate opened)
         self._push_times: Deque[float] = collections.deque()   # perf_counter of own pushes not delivered yet
         self.delivered_clock = 0       # own pushes that are inside a completed tick
@@ -67,7 +68,7 @@ class OwnRow:
         meta = np.full((self.size, META_COLUMNS), -1, np.int64)
         meta[self.rank] = (count, clock, self.sent_push_ns, self.interval_ns, int(self.finished), index, pending,
                            since_ns, self.now_ns(), self.period_ns, streaming, lead_ns,
-                           int(self.gated or self.outside), int(self.outside))
+                           int(self.gated or self.outside), int(self.outside), self.hosts)
         return meta
 
     def probe_table(self, index: int, stream_since_ns: Optional[int], lead_ns: int) -> np.ndarray:

@@ -31,10 +31,12 @@ import numpy as np
 # thread is held by its policy's rule (a barrier, a staleness bound, peer alignment) or waits in a collective of
 # the script's own, so it pushes nothing before a later tick opens its gate: a release never waits for it (nor, for
 # its own row, a join). OUTSIDE: the second case alone (a gate may let the others reach that collective:
-# zipline's barrier).
+# zipline's barrier). HOSTS: the latest change of the rank set elastic Horovod's driver announced to the rank
+# (timestamp x 4 + its kind, 0: none): the ranks agree on it through the ticks instead of a broadcast per commit
+# (torch/elastic.py).
 COUNT, CLOCK, LAST_PUSH_NS, INTERVAL_NS, FINISHED, SEQ, PENDING, PENDING_SINCE_NS, NOW_NS, PERIOD_NS, STREAM, \
-    LEAD_NS, GATED, OUTSIDE = range(14)
-META_COLUMNS = 14
+    LEAD_NS, GATED, OUTSIDE, HOSTS = range(15)
+META_COLUMNS = 15
 META_PIECES = 4   # 16-bit pieces per int64
 _BASE = 1 << 16
 # next_probe_s, join_wait_s: probe QUIET_MARGIN of a period before a rank's predicted push; never sleep longer than

@@ -288,6 +288,12 @@ class Ticker:
             self.handoff.check()
         return not self._loop.thread.is_alive()
 
+    def announce_hosts(self, hosts: int):
+        """Elastic Horovod's driver announced a change of the rank set (table.HOSTS): the next ticks carry it. (It
+        wakes no thread: when to tick is decided from the tables alike on every rank.)"""
+        with self._lock:
+            self.row.hosts = max(self.row.hosts, hosts)
+
     def abandon(self):
         """Stop the tick thread without a collective (elastic Horovod is about to shut down: the rank set changes).
         A tick under way ends when Horovod's shutdown fails its collective; no tick starts after this."""
@@ -335,15 +341,14 @@ class Ticker:
     def gated(self, value: bool):
         """Set on every gate check: the row also keeps how many ticks the training thread had taken (gated_at), so
         the tick thread trusts a held gate only once it has seen every completed tick (one that opens the gate may
-        have completed since)."""
+        have completed since). The waiting thread decides again when to join (probes wait as planned) -- only when
+        it may join sooner: a gate that opens can only make it wait longer, and the push the training thread is about
+        to send itself (run_inline) needs no thread."""
         row, h = self.row, self.handoff
         if value == row.gated and (not value or row.gated_at == h.taken):
             return
         with self._lock:
             row.gated, row.gated_at = value, h.taken
-            # The waiting thread decides again when to join (probes wait as planned) -- only when it may join sooner:
-            # a gate that opens can only make it wait longer, and the push the training thread is about to send
-            # itself (run_inline) needs no thread.
             if self.pacing.may_join and value and not h.inline_due:
                 h.decide_again()
 

@@ -14,6 +14,11 @@ is sized for one rank set, so around that reset the plugin:
   survivor snapshots its model -- the gradient policies' replica after the ticks it applied (every rank applies the
   same ticks in the same order, so each survivor holds a valid state), wbsp's global model W -- with the count of
   updates in it, and its optimizer state;
+- makes ``state.commit()`` local: Horovod's ``check_host_updates`` broadcasts rank 0's view of the rank set at every
+  commit, a barrier that would hold every rank to the same number of commits, and so of steps; while a tick engine
+  runs, the ranks agree on the driver's announcements through the ticks instead (each rank's latest in its row of
+  the tick table, engine/table.py HOSTS), and each raises HostsUpdatedInterrupt at its first commit after the tick
+  that carries a change, always with Horovod's sync after the reset (the ranks raise at different steps);
 - builds a new engine at the first step() after the reset (collective: every rank, new ones included, is there
   after Horovod's sync), for the new ranks, from the snapshot of the survivor that applied the most updates (its
   weights and optimizer state broadcast to every rank), or from the state Horovod synced where no survivor has
@@ -31,7 +36,7 @@ from typing import List, Optional
 
 import horovod.torch as hvd
 import horovod.torch.elastic as _horovod_elastic
-from horovod.common.exceptions import HorovodInternalError
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from horovod.torch.elastic.state import TorchState
 
 from ..engine.ticker import TickerError
@@ -58,6 +63,9 @@ class ElasticRun:
         self.reset_s = 0.0                    # from a reset's start to the new engine's first step
         self._reset_at: Optional[float] = None
         self.recovered_from: List[int] = []   # per reset: the updates in the state the job resumed from (-1: Horovod's)
+        self.heard = 0             # the latest change of the rank set announced to this rank (timestamp x 4 + kind)
+        self.handled_s = 0         # the timestamp of the latest change this rank has reset for
+        self.baseline_s = 0        # ... the latest any rank of this engine had reset for (agreed at its start)
         _LIVE.append(self)
 
     # ---- the training thread ---------------------------------------------------------------------------------
@@ -70,6 +78,7 @@ class ElasticRun:
             self.session.engine = None
             self.resets += 1
         self._start_engine(self._recover)
+        self.started()
         if self._reset_at is not None:
             self.reset_s += time.perf_counter() - self._reset_at
             self._reset_at = None
@@ -84,7 +93,8 @@ class ElasticRun:
         snapshot (lowest rank among equals) becomes every rank's weights and optimizer state. Returns the job's
         common (epoch_ns, engine id)."""
         mine = self.snapshot.progress if self.snapshot is not None else -1
-        everyone = hvd.allgather_object((mine, *epoch_and_id), name="hvd_elastic.elastic.start")
+        everyone = hvd.allgather_object((mine, *epoch_and_id, self.handled_s), name="hvd_elastic.elastic.start")
+        self.baseline_s = max(e[3] for e in everyone)
         best = max(range(len(everyone)), key=lambda r: (everyone[r][0], -r))
         if everyone[best][0] >= 0:
             if hvd.rank() == best:
@@ -96,6 +106,28 @@ class ElasticRun:
             self.recovered_from.append(int(everyone[best][0]))
         self.snapshot = None
         return everyone[0][1], max(e[2] for e in everyone)
+
+    def started(self):
+        """The new engine runs: it carries what this rank has heard of changes of the rank set (one heard just
+        before a reset is not lost with the old engine; one every rank has reset for is below the baseline)."""
+        self.session.engine.ticker.announce_hosts(self.heard)
+
+    def hosts_changed(self, heard: int) -> int:
+        """At a commit: announce the latest change of the rank set this rank has heard of (0: none new) and return
+        the timestamp of a change the ranks agree on through the ticks and have not reset for, or 0. Every rank
+        applies the same ticks, so each sees the change at its first commit after the tick that carries it."""
+        engine = self.session.engine
+        self.heard = max(self.heard, heard)
+        engine.ticker.announce_hosts(self.heard)
+        agreed_s = engine.ticker.handoff.hosts_announced() // 4
+        if agreed_s > max(self.baseline_s, self.handled_s):
+            self.handled_s = agreed_s
+            return agreed_s
+        return 0
+
+    def ticking(self) -> bool:
+        engine = self.session.engine
+        return engine is not None and not engine.abandoned and not engine.finished
 
     # ---- the reset (hvd.elastic.run) ---------------------------------------------------------------------------
     def keep_replica(self):
@@ -109,12 +141,14 @@ class ElasticRun:
         if engine is None or engine.finished or engine.abandoned:
             return None
         self._reset_at = time.perf_counter()
-        # HostsUpdatedInterrupt: every rank is alive at a commit: apply the ticks completed so far, then keep the
-        # replica. After a failure the replica was kept before Horovod's restore (keep_replica).
-        healthy = not engine.ticker.stopped
-        engine.abandon(drain=healthy)
-        if healthy:
-            self._take_snapshot()
+        # HostsUpdatedInterrupt: nothing was restored, so the replica as it stands is kept (with the ticks completed
+        # so far applied, while the ticks still run: another rank may have reset first and stopped them). After a
+        # failure the replica was kept before Horovod's restore (keep_replica): _take_snapshot keeps that one.
+        try:
+            engine.abandon(drain=not engine.ticker.stopped)
+        except TickerError:   # the ticks stopped while it applied them: the replica as it stands
+            engine.abandon()
+        self._take_snapshot()
         return engine
 
     def _take_snapshot(self):
@@ -131,7 +165,7 @@ class ElasticRun:
 
 
 _LIVE: List[ElasticRun] = []
-_HOROVOD = {"shutdown": None, "restore": None}
+_HOROVOD = {"shutdown": None, "restore": None, "check_host_updates": None}
 
 
 def _stop_engines_then_shutdown():
@@ -144,12 +178,30 @@ def _stop_engines_then_shutdown():
         engine.ticker.join(STOP_WAIT_S, check=False)
 
 
-def _keep_replicas_then_restore(state):
+def _check_host_updates_through_ticks(self):
+    """TorchState.check_host_updates (every commit) while a tick engine runs: Horovod's version broadcasts rank 0's
+    view of the rank set at every commit (a barrier per commit); here the ranks agree through the ticks instead, so a
+    commit is local (save() alone). A change the ranks agree on raises HostsUpdatedInterrupt, always with Horovod's
+    sync after the reset: the ranks raise at different steps, and the sync gives them rank 0's counters."""
+    runs = [run for run in _LIVE if run.session.report is None and run.ticking()]
+    if not runs:
+        return _HOROVOD["check_host_updates"](self)
+    heard = 0
+    while not self._host_messages.empty():
+        timestamp, update = self._host_messages.get()
+        heard = max(heard, int(timestamp) * 4 + int(update))
+    agreed_s = max(run.hosts_changed(heard) for run in runs)
+    if agreed_s > self._last_updated_timestamp:
+        self._last_updated_timestamp = agreed_s
+        raise HostsUpdatedInterrupt(False)
+
+
+def _keep_replicas_then_restore(self):
     """TorchState.restore (after a failure, before the reset): every live engine's replica is kept first."""
     _LIVE[:] = [run for run in _LIVE if run.session.report is None]
     for run in _LIVE:
         run.keep_replica()
-    _HOROVOD["restore"](state)
+    _HOROVOD["restore"](self)
 
 
 def install():
@@ -158,3 +210,5 @@ def install():
     if _HOROVOD["shutdown"] is None:
         _HOROVOD["shutdown"], _horovod_elastic.shutdown = _horovod_elastic.shutdown, _stop_engines_then_shutdown
         _HOROVOD["restore"], TorchState.restore = TorchState.restore, _keep_replicas_then_restore
+        _HOROVOD["check_host_updates"], TorchState.check_host_updates = \
+            TorchState.check_host_updates, _check_host_updates_through_ticks

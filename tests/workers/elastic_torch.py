@@ -11,8 +11,8 @@ The rank set changes mid-run in one of two ways:
   ``127.0.0.1:1``, two names of this machine) SIGKILLs itself, once (a marker file next to --hosts-file); the
   survivor gets HorovodInternalError, restores the last commit and goes on alone; the driver blacklists the host for
   the cooldown, then starts a new worker there, which joins.
-``--wait STEP:SIZE`` (repeatable): at that step every rank commits until the job has SIZE ranks, so the changes
-land at known steps however long the driver takes.
+``--wait STEP:SIZE`` (repeatable): at that step every rank trains on (steps not counted) and commits until the job
+has SIZE ranks, so the changes land at known steps however long the driver takes.
 
 Prints, per rank at the end: ``ELASTIC rank=<r> size=<n> batch=<b> sizes=<sizes seen by rank 0's state>
 digest=<crc32 of the weights> pushed=<pushes of the final ranks since the last reset> applied=<updates applied by
@@ -63,15 +63,19 @@ def write_hosts(slots):
     os.replace(tmp, args.hosts_file)
 
 
+def train_step(seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(16, 8, generator=g)
+    y = x.sum(1, keepdim=True)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+
+
 @hvd.elastic.run
 def train(state):
     while state.batch < args.steps:
-        g = torch.Generator().manual_seed(1000 * state.batch + hvd.rank())
-        x = torch.randn(16, 8, generator=g)
-        y = x.sum(1, keepdim=True)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
+        train_step(1000 * state.batch + hvd.rank())
         state.batch += 1
         if not state.sizes or state.sizes[-1] != hvd.size():
             state.sizes = state.sizes + [hvd.size()]
@@ -89,8 +93,11 @@ def train(state):
         if state.batch % args.commit_every == 0:
             state.commit()
         while state.batch in waits and hvd.size() != waits[state.batch]:
+            # training goes on (steps not counted in state.batch) until the driver has changed the rank set:
+            # commit() raises HostsUpdatedInterrupt then
+            train_step(1000 * state.batch + 100 + hvd.rank())
             time.sleep(0.2)
-            state.commit()      # raises HostsUpdatedInterrupt once the driver changed the rank set
+            state.commit()
 
 
 train(state)

@@ -4,9 +4,10 @@ A training step frees and re-allocates the same large blocks every step (``zero_
 backward allocates new ones). glibc returns the freed top of its heap to the system when it exceeds a threshold
 that it adapts at run time, and the next step's allocations fault every page back in. Under plain Horovod that is
 rare; the relaxed step's allocation pattern can trigger it every step, and the page faults then make forward and
-backward markedly slower (measured: docs/benchmarks.md). Fixing both thresholds (mmap above 32 MiB only, trim
-above 1 GiB only) keeps the freed blocks in the heap, as ``MALLOC_TRIM_THRESHOLD_`` / ``MALLOC_MMAP_THRESHOLD_``
-would: the process's peak memory is unchanged, and memory it frees stays with the process while it runs.
+backward markedly slower (benchmarks/scale.py measures it: arm asp-noheap). Fixing both thresholds (mmap above 32 MiB
+only, trim above 1 GiB only) keeps the freed blocks in the heap, as ``MALLOC_TRIM_THRESHOLD_`` /
+``MALLOC_MMAP_THRESHOLD_`` would: the process's peak memory is unchanged, and memory it frees stays with the process
+while it runs.
 """
 from __future__ import annotations
 

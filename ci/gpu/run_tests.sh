@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, on a host with CUDA and torch (python3 on PATH): builds Horovod if it is not there
 # (ci/gpu/build_horovod.sh), installs hvd-elastic, runs tests/test_gpu.py, then (unless --no-bench) the GPU scale
-# benchmark: `python benchmarks/scale.py --device cuda ...` (docs/benchmarks.md, "GPU"). Logs and JSON go to $OUT
+# benchmark: `python benchmarks/scale.py --device cuda ...` (docs/design.md, "CUDA"). Logs and JSON go to $OUT
 # (default: ./gpu-out). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."

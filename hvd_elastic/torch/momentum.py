@@ -16,7 +16,7 @@ class RoundSgd:
     gradient only. A round split as (g_a, g_b) then moves the weights by lr (m v + g_a + g_b) and leaves v = m v + g_a
     + g_b, exactly one SGD step on the round; momentum^(k/n) per tick (the share rule) moves them by lr ((m^(1 - k/n)
     + m) v + (1 + m^(k/n)) g_a + g_b) instead (at m = 0.5 and k/n = 3/4: 0.59 v + 0.84 g_a too much).
-    Design: docs/design.md, Momentum; measured: docs/benchmarks.md."""
+    Design: docs/design.md, "Gradient policies" (Momentum); tested: tests/test_torch_buffers.py."""
 
     def __init__(self, optimizer, step: Callable[[], Any], size: int):
         self.optimizer, self.step, self.size = optimizer, step, size

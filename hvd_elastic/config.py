@@ -2,7 +2,7 @@
 
 The table ``KNOBS`` below is the single source of truth: parsing, validation, the error messages, the fields and
 defaults of :class:`Config` and the README's knobs table (:func:`knob_table`; ``python -m hvd_elastic.knobs --readme``
-rewrites it) all come from it. Settings are parsed once at start-up; a bad value raises :class:`ConfigError` whose
+rewrites it, hvd_elastic/knobs.py) all come from it. Settings are parsed once at start-up; a bad value raises :class:`ConfigError` whose
 message is one line naming the setting, the value and what is accepted.
 
 Example::
@@ -18,17 +18,19 @@ import functools
 import json
 import math
 import os
-import re
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from . import registry
+from .engine.pacing import SMALL_WORDS, TICK_PACINGS
+from .engine.policies.base import Policy as _Rule
+from .engine.table import AUTO_EXIT_SPEED, CHUNK_WORDS, HOLD_FRACTION, PEER_SPEED
 from .errors import ConfigError, install_excepthook
+from .heap import MMAP_THRESHOLD, TRIM_THRESHOLD
 
 PREFIX = "HVD_ELASTIC_"
 POLICIES = registry.NAMES     # the accepted names; what each policy is: hvd_elastic/registry.py
 PREDICTORS = ("last", "median", "ewma", "arx")
 LBBSP_MODES = ("cpu", "gpu")
-TICK_PACINGS = ("probe", "join", "auto")   # engine/pacing.py implements them
 SUMMARY_MAX = 100   # characters of a Knob's summary: one short line of the README's table
 # Variables with the prefix that configure tooling (ci/bootstrap.sh), not a run; accepted and ignored here.
 TOOLING_VARIABLES = ("CACHE", "VENV")
@@ -167,20 +169,22 @@ KNOBS = (
     Knob("tick_ms", 1.0, _float(0.0, exclusive=True), "number > 0",
          "Minimum interval between two partial-allreduce ticks, in milliseconds."),
     Knob("tick_pacing", "auto", _choice(TICK_PACINGS), "|".join(TICK_PACINGS),
-         "How ticks are paced: probe, join (models under 256K parameters), or auto (chosen per policy).",
+         f"How ticks are paced: probe, join (models under {SMALL_WORDS >> 10}K parameters), or auto (chosen per "
+         f"policy).",
          doc="probe: a metadata-only probe shows who has pushed, then a full tick carries the pushes; join: every "
              "tick is full and each rank's tick thread joins it when its own push or its peers' predicted pushes are "
              "due -- one collective per round of pushes; auto (default): join for asp, ssp and dssp once every "
              "rank's push period is measured (probe before), for zipline only while every rank's step time is within "
-             "1.25x of every other's (until one is 1.5x slower), probe for wbsp; for models of 256K parameters and "
+             f"{PEER_SPEED}x of every other's (until one is {AUTO_EXIT_SPEED}x slower), probe for wbsp; for models of "
+             f"{SMALL_WORDS >> 10}K parameters and "
              "more, probe except in lock-step, where each round is a joined probe and full tick (docs/design.md, "
              "docs/benchmarks.md)."),
     Knob("max_inflight", 0, _int_or_auto(0), "integer >= 0|auto",
          "Own pushes a rank may have in flight when it starts a step; auto: the fewest that hide their ticks.",
          doc="In flight: pushed, not yet back in a tick. 0 (default): a rank computes on weights that hold its own "
              "last update (staleness ~1 instead of ~n); auto: the fewest that hide the measured push-to-delivery "
-             "time behind the step (1 to 4): faster steps, staler gradients (docs/design.md)."),
-    Knob("peer_wait", 0.5, _float(0.0), "number >= 0 (fraction of a step; 0: off)",
+             f"time behind the step (1 to {_Rule.AUTO_MAX_INFLIGHT}): faster steps, staler gradients (docs/design.md)."),
+    Knob("peer_wait", HOLD_FRACTION, _float(0.0), "number >= 0 (fraction of a step; 0: off)",
          "Fraction of a step a rank waits for equally fast peers, and a tick holds pushes for them.",
          doc="After its update is in, a rank waits at most this fraction of its step time for peers (ranks about as "
              "fast as it is) that are behind, so equally fast ranks compute on the same weights; slower ranks are "
@@ -198,12 +202,13 @@ KNOBS = (
          doc="As Horovod starts its allreduce from backward hooks, so the tick runs while the rank still computes "
              "before step(). A script that changes gradients after backward (optimizer.synchronize() then "
              "clipping, several backward passes per step) is recognised in its first step and pushes at step() "
-             "instead; changing them after a push in a later step is a one-line error. Models of 2M parameters or "
+             f"instead; changing them after a push in a later step is a one-line error. Models of "
+             f"{2 * CHUNK_WORDS >> 20}M parameters or "
              "more stream it: the tick reduces it in chunks while backward still runs (docs/design.md)."),
     Knob("keep_heap", True, _bool, "0|1",
          "glibc: keep heap memory the process frees for reuse instead of returning it every step.",
-         doc="mallopt: trim above 1 GiB, mmap above 32 MiB, once per process; without it the freed top of the heap "
-             "goes back to the system and the next step faults its pages back in (hvd_elastic/heap.py). Peak "
+         doc=f"mallopt: trim above {TRIM_THRESHOLD >> 30} GiB, mmap above {MMAP_THRESHOLD >> 20} MiB, once per "
+             "process; without it the freed top of the heap goes back to the system and the next step faults its pages back in (hvd_elastic/heap.py). Peak "
              "memory is unchanged; 0 leaves the allocator as it is."),
     Knob("staleness_compensation", "none", _choice(("none", "inverse", "damped")), "none|inverse|damped",
          "Scale each update by its predicted staleness s: inverse min(1, n/s), damped n/(n+s), or none.",
@@ -403,39 +408,3 @@ def check_ranks_agree(raw: Mapping[str, list], allgather_object: Callable[[Any],
             parts = "; ".join(f"ranks {','.join(map(str, r))}: {v}" for v, r in seen.items())
             diffs.append(f"{PREFIX + name.upper()} differs across ranks ({parts})")
     raise ConfigError(" | ".join(diffs))
-
-
-# ---- the README's knobs table, generated from KNOBS ----------------------------------------------------------------
-README_BEGIN = "<!-- knobs:begin (generated from KNOBS: python -m hvd_elastic.knobs --readme) -->"
-README_END = "<!-- knobs:end -->"
-
-
-def _markdown(text: str) -> str:
-    """`text` as a table cell: a | separates cells and a * may start emphasis, so both are escaped."""
-    return re.sub(r"\s*\|\s*", r" \\| ", text).replace("*", r"\*")
-
-
-def shown_default(knob: Knob) -> str:
-    """The default as the variable would be written: 0|1 for a switch, (unset) for an empty value."""
-    if isinstance(knob.default, bool):
-        return str(int(knob.default))
-    return "(unset)" if knob.default in ({}, "") else str(knob.default)
-
-
-def knob_table() -> str:
-    """The README's knobs table (markdown): one row per Knob, its summary as what it does."""
-    rows = ["| variable | default | accepted | read by | what it does |", "|---|---|---|---|---|"]
-    for k in KNOBS:
-        read_by = ", ".join(k.used_by) or "every policy"
-        rows.append(f"| `{k.variable}` | `{shown_default(k)}` | {_markdown(k.accepted)} | {read_by} "
-                    f"| {_markdown(k.summary)} |")
-    return "\n".join(rows) + "\n"
-
-
-def with_knob_table(readme: str) -> str:
-    """`readme` with the text between README_BEGIN and README_END replaced by :func:`knob_table`."""
-    head, begin, rest = readme.partition(README_BEGIN)
-    _, end, tail = rest.partition(README_END)
-    if not begin or not end:
-        raise ValueError(f"no knobs table marked {README_BEGIN} ... {README_END}")
-    return head + begin + "\n" + knob_table() + end + tail

@@ -1,7 +1,7 @@
 """Across hosts: a cluster of 4 hosts on this machine (ci/cluster.sh: network namespaces on a bridge, each with its
 own address, host name and sshd), launched as on a real cluster (ssh in, TCP between hosts, no loopback shortcut).
 
-Every policy under both launchers (PyTorch), Keras model.fit under bsp and asp (horovodrun), elastic bsp, and the
+Every policy under both launchers (PyTorch), Keras model.fit under bsp and asp (horovodrun), elastic bsp and asp, and the
 fault paths: a rank stopped (SIGSTOP) on another host and a host's link cut mid-run are named by the watchdog and end
 the job on every live rank (the two fault jobs run side by side). Needs root and `ip netns` (CI runs as root);
 skipped with the reason elsewhere.
@@ -186,8 +186,10 @@ def test_a_cut_link_is_named_and_the_job_ends(fault_jobs):
     assert res.elapsed < STALL_S + 30, res.elapsed
 
 
-def test_elastic_bsp_recovers_across_hosts(cluster, tmp_path):
-    """horovodrun --elastic over the cluster's hosts: a host removed from discovery mid-run, then added back."""
+@pytest.mark.parametrize("policy", ["bsp", "asp"])
+def test_elastic_recovers_across_hosts(cluster, tmp_path, policy):
+    """horovodrun --elastic over the cluster's hosts: a host removed from discovery mid-run, then added back; under a
+    tick policy every reset resumes from a survivor's replica and every push since the last one is applied."""
     hosts = tmp_path / "hosts"
     hosts.write_text("".join(f"{h}:1\n" for h in HOSTS[:3]))
     discover = tmp_path / "discover.sh"
@@ -199,9 +201,15 @@ def test_elastic_bsp_recovers_across_hosts(cluster, tmp_path):
            os.path.join(ROOT, "tests", "workers", "elastic_torch.py"), "--hosts-file", str(hosts), "--np", "3",
            "--host-names", ",".join(HOSTS[:3]), "--steps", "80", "--remove-at", "20", "--wait", "20:2",
            "--add-at", "40", "--wait", "40:3"]
-    res = run(cmd, job_env({"HVD_ELASTIC_POLICY": "bsp"}), timeout=240)
+    res = run(cmd, job_env({"HVD_ELASTIC_POLICY": policy}), timeout=240)
     assert res.returncode == 0 and not res.timed_out, res.output[-4000:]
     finals = [line for line in res.output.splitlines() if "ELASTIC rank=" in line]
     assert len(finals) == 3, res.output[-4000:]
     assert len({re.search(r"digest=(\d+)", f).group(1) for f in finals}) == 1, finals
     assert all("sizes=3,2,3" in f for f in finals if "rank=0 " in f), finals
+    if policy != "bsp":
+        pushed = {re.search(r"pushed=(\d+)", f).group(1) for f in finals}
+        applied = {re.search(r"applied=(\d+)", f).group(1) for f in finals}
+        assert pushed == applied and len(pushed) == 1, finals
+        resumed = re.search(r"resumed=([-\d,]+)", [f for f in finals if "rank=0 " in f][0]).group(1).split(",")
+        assert len(resumed) == 2 and all(int(r) > 0 for r in resumed), finals

@@ -2,7 +2,8 @@
 import os
 import re
 
-from hvd_elastic.config import KNOBS_BY_NAME, POLICIES, README_BEGIN, README_END, knob_table, with_knob_table
+from hvd_elastic.config import KNOBS_BY_NAME, POLICIES
+from hvd_elastic.knobs import README_BEGIN, README_END, knob_table, with_knob_table
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 

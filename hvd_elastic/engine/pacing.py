@@ -59,11 +59,11 @@ from typing import Deque, Optional
 
 import numpy as np
 
-from ..config import TICK_PACINGS
 from .table import (AUTO_EXIT_SPEED, CHUNK_WORDS, PEER_SPEED, join_wait_s, lockstep_join_wait_s, next_probe_s,
                     nothing_pending, observe_lockstep, predictable, release, still_peers)
 
 BUSY_WINDOW, BUSY = 8, 6   # probe pacing: full ticks without probes while BUSY of the last BUSY_WINDOW ticks had pushes
+TICK_PACINGS = ("probe", "join", "auto")   # HVD_ELASTIC_TICK_PACING: the modes below
 SMALL_WORDS = 1 << 18      # payloads under this may be joined (join, auto); larger ones are probe-paced
 AUTO_JOIN_HOLD = 2         # auto pacing, joined ticks while all ranks are peers: join_wait_s's hold (the window of
                            # the first group, how late a peer may push and still be waited for) is this times the

@@ -60,7 +60,7 @@ from .pacing import make_pacing
 from .pool import BufferPool
 from .row import OwnRow
 from .stream import Streams
-from .table import HOLD_FRACTION, OUTSIDE, Tick
+from .table import OUTSIDE, Tick
 from .wire import Wire
 
 __all__ = ["Ticker", "TickerError"]
@@ -80,10 +80,9 @@ class Ticker:
     lock-step)."""
 
     def __init__(self, numel: int, buffers, rank: int, size: int,
-                 allreduce_sum: Callable[[list, str, bool], None],
-                 tick_s: float = 0.005, max_idle_s: float = 0.01, epoch_ns: int = 0,
-                 name: str = "hvd_elastic.tick", hold_fraction: float = HOLD_FRACTION, stream: bool = False,
-                 pacing: str = "probe", join_stragglers: bool = True, lockstep=None):
+                 allreduce_sum: Callable[[list, str, bool], None], *, tick_s: float, pacing: str,
+                 hold_fraction: float, max_idle_s: float = 0.01, epoch_ns: int = 0, name: str = "hvd_elastic.tick",
+                 stream: bool = False, join_stragglers: bool = True, lockstep=None):
         if not hasattr(buffers, "zeros"):          # a dtype: numpy buffers
             buffers = NumpyBuffers(buffers)
         self.numel, self.buffers, self.rank, self.size, self.name = numel, buffers, rank, size, name

@@ -1,4 +1,5 @@
-"""Invariant 8 (run-time part): a rank killed mid-run ends the job everywhere, non-zero, named, within a bound.
+"""Invariant 8 (docs/design.md, "Invariants"), run-time part: a rank killed mid-run ends the job everywhere,
+non-zero, named, within a bound.
 
 Under horovodrun, where the live ranks outlive the dead one long enough to name it (mpirun may kill them first); a
 rank killed under mpirun, while the other is in finish(), is named in tests/test_faults.py."""
@@ -16,10 +17,10 @@ def test_a_killed_rank_stops_every_rank_with_a_message_naming_it(tmp_path):
                       "TEST_FAULT": "kill", "TEST_FAULT_STEP": "30"}, timeout=BOUND_S)
     assert not res.timed_out, "the job hung after a rank died:\n" + res.output[-3000:]
     assert res.returncode != 0
-    # The launcher names the dead rank (rank 2 of 3 was killed by signal 9).
-    named = re.search(r"(rank 2 .*(signal 9|Killed|exited))|(Process name: 2)|(\[\[\d+,1\],2\].*\n.*Exit code)|"
-                      r"(Killed.*rank 2)", res.output)
-    assert named or "rank 2" in res.output, res.output[-3000:]
+    # The launcher names the dead rank (rank 2 of 3 was killed by signal 9): horovodrun's own line, not the worker's
+    # (which prints "rank 2" itself when it injects the fault).
+    named = re.search(r"^Process 2 exit with status code (137|-9)\b", res.output, re.MULTILINE)
+    assert named, res.output[-3000:]
     # The plugin's own line names it too (its heartbeat connection closed: hvd_elastic/watchdog.py), printed by a
     # live rank; more fault cases in tests/test_faults.py.
     plugin = [ln for ln in res.stderr_of(0, 1) if "hvd_elastic: error: rank 2 lost" in ln]

@@ -11,10 +11,14 @@ from .base import Gate, Intervals, Policy, observed_clocks, server_clocks
 class Ssp(Policy):
     """Stale synchronous parallel (Ho et al. 2013): start a step only while own clock - slowest clock <= s."""
 
-
     def holds(self, gate: Gate) -> bool:
         return not _native.ssp_may_proceed(server_clocks(gate.view, gate.clock), gate.view.size,
                                            self.cfg.staleness)
+
+    def bounds_lockstep(self, gate: Gate) -> bool:
+        """The bound s holds in lock-step too: lock-step counts each rank's steps from the clocks at the switch, so a
+        rank that entered it s ahead with a push in flight would otherwise keep a gap of s + 1."""
+        return self.holds(gate)
 
 
 class Dssp(Policy):

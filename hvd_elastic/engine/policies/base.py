@@ -115,7 +115,8 @@ class Policy:
 
     def bounds_lockstep(self, gate: Gate) -> bool:
         """The part of the policy's rule that still holds a rank while the ranks go in lock-step (zipline: its
-        bound of R iterations, for a rank still finishing its first round after the switch); none by default."""
+        bound of R iterations, for a rank still finishing its first round after the switch; ssp: its bound s);
+        none by default."""
         return False
 
     @property

@@ -55,7 +55,8 @@ def run_cell(policy, params_m, ranks, steps, timeout, device="cpu", launcher="mp
         # each policy's own machinery: runs this short would otherwise be the lock-step fallback's first
         # measurement throughout (at equal speeds: lock-step, which --fallback measures)
         env["HVD_ELASTIC_RELAX_MIN_GAIN"] = "0"
-    if spec is not None and spec.balances_batches:   # the global batch it re-divides: the same samples per step as every other policy
+    if spec is not None and spec.balances_batches:
+        # the global batch it re-divides: the same samples per step as every other policy
         env["HVD_ELASTIC_GLOBAL_BATCH"] = str(BATCH * ranks)
     program = [sys.executable, WORKER, "--params", str(params_m), "--steps", str(steps), "--warmup", str(warmup),
                "--batch", str(BATCH), "--impl", "horovod" if policy == "horovod" else "hvd_elastic", "--device", device]

@@ -10,7 +10,6 @@ job's throughput. Writes one JSON line on rank 0 with per-rank step time, peak R
 """
 import argparse
 import json
-import os
 import resource
 import time
 
@@ -62,7 +61,7 @@ def main():
     else:
         import hvd_elastic.torch as hvde
         opt = hvde.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
-        lbbsp = registry.policy(os.environ.get("HVD_ELASTIC_POLICY", registry.DEFAULT)).balances_batches
+        lbbsp = hvde.settings(opt).spec.balances_batches
 
     def batch_of():
         return hvde.batch_sizes(opt)[rank] if lbbsp else args.batch

@@ -1,9 +1,9 @@
 """Configuration: every knob is an ``HVD_ELASTIC_<NAME>`` environment variable or a keyword argument (which wins).
 
 The table ``KNOBS`` below is the single source of truth: parsing, validation, the error messages, the fields and
-defaults of :class:`Config` and the README's knobs table (:func:`knob_table`; ``python -m hvd_elastic.knobs --readme``
-rewrites it, hvd_elastic/knobs.py) all come from it. Settings are parsed once at start-up; a bad value raises :class:`ConfigError` whose
-message is one line naming the setting, the value and what is accepted.
+defaults of :class:`Config` and the README's knobs table (hvd_elastic/knobs.py; ``python -m hvd_elastic.knobs
+--readme`` rewrites it) all come from it. Settings are parsed once at start-up; a bad value raises
+:class:`ConfigError` whose message is one line naming the setting, the value and what is accepted.
 
 Example::
 
@@ -183,7 +183,8 @@ KNOBS = (
          "Own pushes a rank may have in flight when it starts a step; auto: the fewest that hide their ticks.",
          doc="In flight: pushed, not yet back in a tick. 0 (default): a rank computes on weights that hold its own "
              "last update (staleness ~1 instead of ~n); auto: the fewest that hide the measured push-to-delivery "
-             f"time behind the step (1 to {_Rule.AUTO_MAX_INFLIGHT}): faster steps, staler gradients (docs/design.md)."),
+             f"time behind the step (1 to {_Rule.AUTO_MAX_INFLIGHT}): faster steps, staler gradients "
+             "(docs/design.md)."),
     Knob("peer_wait", HOLD_FRACTION, _float(0.0), "number >= 0 (fraction of a step; 0: off)",
          "Fraction of a step a rank waits for equally fast peers, and a tick holds pushes for them.",
          doc="After its update is in, a rank waits at most this fraction of its step time for peers (ranks about as "
@@ -208,7 +209,8 @@ KNOBS = (
     Knob("keep_heap", True, _bool, "0|1",
          "glibc: keep heap memory the process frees for reuse instead of returning it every step.",
          doc=f"mallopt: trim above {TRIM_THRESHOLD >> 30} GiB, mmap above {MMAP_THRESHOLD >> 20} MiB, once per "
-             "process; without it the freed top of the heap goes back to the system and the next step faults its pages back in (hvd_elastic/heap.py). Peak "
+             "process; without it the freed top of the heap goes back to the system and the next step faults its "
+             "pages back in (hvd_elastic/heap.py). Peak "
              "memory is unchanged; 0 leaves the allocator as it is."),
     Knob("staleness_compensation", "none", _choice(("none", "inverse", "damped")), "none|inverse|damped",
          "Scale each update by its predicted staleness s: inverse min(1, n/s), damped n/(n+s), or none.",

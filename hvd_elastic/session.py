@@ -42,6 +42,12 @@ class Session:
         self.watchdog.between_steps(_stall.UNKNOWN)
         self.telemetry.on_step = self.watchdog.step_done
 
+    def follow_ranks(self):
+        """Elastic Horovod renumbers the ranks when the rank set changes: take the current rank and size."""
+        if self._rank_and_size is not None:
+            self.rank, self.size = self._rank_and_size()
+            self.telemetry.rank, self.telemetry.size = self.rank, self.size
+
     def start_engine(self, frontend: Frontend) -> SyncEngine:
         """Build this session's sync engine for the configured relaxed policy (collective: every rank, the same
         frontend shape and tick name)."""
@@ -122,9 +128,7 @@ class Session:
     def finish(self) -> Dict[str, Any]:
         """Collective: flush every update, final sync, end-of-run report (idempotent)."""
         if self.report is None:
-            if self._rank_and_size is not None:
-                self.rank, self.size = self._rank_and_size()
-                self.telemetry.rank, self.telemetry.size = self.rank, self.size
+            self.follow_ranks()
             self.watchdog.enter("finish")
             if self.engine is not None:
                 self.engine.finish()

@@ -1,9 +1,9 @@
 """Across hosts: a cluster of 4 hosts on this machine (ci/cluster.sh: network namespaces on a bridge, each with its
 own address, host name and sshd), launched as on a real cluster (ssh in, TCP between hosts, no loopback shortcut).
 
-Every policy under both launchers (PyTorch), Keras model.fit under bsp and asp (horovodrun), elastic bsp and asp, and the
-fault paths: a rank stopped (SIGSTOP) on another host and a host's link cut mid-run are named by the watchdog and end
-the job on every live rank (the two fault jobs run side by side). Needs root and `ip netns` (CI runs as root);
+Every policy under both launchers (PyTorch), Keras model.fit under bsp and asp (horovodrun), elastic bsp and asp, and
+the fault paths: a rank stopped (SIGSTOP) on another host and a host's link cut mid-run are named by the watchdog and
+end the job on every live rank (the two fault jobs run side by side). Needs root and `ip netns` (CI runs as root);
 skipped with the reason elsewhere.
 """
 import json

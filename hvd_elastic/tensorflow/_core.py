@@ -3,9 +3,9 @@ training loops (hvd_elastic.tensorflow). Only ``horovod.tensorflow`` ops are use
 broken on Keras 3). Every policy rule lives in the engine / native scheduler; this file only moves tensors.
 
 How the wrapped optimizer's ``apply()`` behaves, by mode (set when training starts):
-- "average" (bsp): exact gradient averaging with one grouped Average-allreduce, then the optimizer's own ``apply`` -- works in
-  graph mode (inside ``model.fit``'s ``tf.function`` or the user's) and eagerly; the time blocked in the allreduce
-  is measured with ``tf.timestamp`` and read by the step accounting.
+- "average" (bsp): exact gradient averaging with one grouped Average-allreduce, then the optimizer's own ``apply`` --
+  works in graph mode (inside ``model.fit``'s ``tf.function`` or the user's) and eagerly; the time blocked in the
+  allreduce is measured with ``tf.timestamp`` and read by the step accounting.
 - "defer" (model.fit, gradient policies): the traced train step only stores the gradients into buffers; the
   callback hands them to the engine at ``on_train_batch_end`` (eager), and the engine applies ticks with the
   optimizer's own ``apply`` (a ``tf.function`` over one flat gradient).
@@ -257,10 +257,10 @@ def _is_default(name, value) -> bool:
 
 
 def check_horovod_arguments(policy: Any, args: Dict[str, Any]) -> Dict[str, Any]:
-    """Horovod's Keras DistributedOptimizer arguments under `policy` (its registry entry), with Horovod's meaning under bsp (the gradient
-    exchange is Horovod's grouped allreduce, given compression, op, the predivide factor and devices); elsewhere
-    only the defaults (a one-line ConfigError names the others and policy bsp). ``name`` (op names only),
-    ``groups`` / ``num_groups`` (one group anyway: bsp's grouped allreduce, the relaxed policies' tick),
+    """Horovod's Keras DistributedOptimizer arguments under `policy` (its registry entry), with Horovod's meaning under
+    bsp (the gradient exchange is Horovod's grouped allreduce, given compression, op, the predivide factor and
+    devices); elsewhere only the defaults (a one-line ConfigError names the others and policy bsp). ``name`` (op
+    names only), ``groups`` / ``num_groups`` (one group anyway: bsp's grouped allreduce, the relaxed policies' tick),
     ``sparse_as_dense`` (bsp always densifies: the same values as Horovod's sparse allgather) and
     ``scale_local_gradients`` (no local variables here) change nothing."""
     args = {**HOROVOD_KERAS_ARGUMENTS, **args}

@@ -126,20 +126,22 @@ class ElasticRun:
         return 0
 
     def ticking(self) -> bool:
+        """This optimizer's engine runs: built, not stopped for a reset, not finished."""
         engine = self.session.engine
         return engine is not None and not engine.abandoned and not engine.finished
 
     # ---- the reset (hvd.elastic.run) ---------------------------------------------------------------------------
     def keep_replica(self):
         """Horovod is about to restore the last commit after a failure: keep this replica first."""
-        engine = self.session.engine
-        if engine is not None and not engine.finished and not engine.abandoned:
+        if self.ticking():
             self._take_snapshot()
 
     def stop(self):
-        engine = self.session.engine
-        if engine is None or engine.finished or engine.abandoned:
+        """The reset: stop this optimizer's engine (returned, for the join after Horovod's shutdown), None if none
+        runs."""
+        if not self.ticking():
             return None
+        engine = self.session.engine
         self._reset_at = time.perf_counter()
         # HostsUpdatedInterrupt: nothing was restored, so the replica as it stands is kept (with the ticks completed
         # so far applied, while the ticks still run: another rank may have reset first and stopped them). After a
@@ -168,11 +170,16 @@ _LIVE: List[ElasticRun] = []
 _HOROVOD = {"shutdown": None, "restore": None, "check_host_updates": None}
 
 
+def _live() -> List[ElasticRun]:
+    """The elastic runs of optimizers not finished yet (finished ones are dropped)."""
+    _LIVE[:] = [run for run in _LIVE if run.session.report is None]
+    return _LIVE
+
+
 def _stop_engines_then_shutdown():
     """horovod.torch.elastic's shutdown during a reset: stop every live engine's ticks, shut Horovod down (a tick
     under way fails there), then wait for the tick threads to end before Horovod is initialised again."""
-    _LIVE[:] = [run for run in _LIVE if run.session.report is None]
-    stopped = [e for e in (run.stop() for run in _LIVE) if e is not None]
+    stopped = [e for e in (run.stop() for run in _live()) if e is not None]
     _HOROVOD["shutdown"]()
     for engine in stopped:
         engine.ticker.join(STOP_WAIT_S, check=False)
@@ -183,7 +190,7 @@ def _check_host_updates_through_ticks(self):
     view of the rank set at every commit (a barrier per commit); here the ranks agree through the ticks instead, so a
     commit is local (save() alone). A change the ranks agree on raises HostsUpdatedInterrupt, always with Horovod's
     sync after the reset: the ranks raise at different steps, and the sync gives them rank 0's counters."""
-    runs = [run for run in _LIVE if run.session.report is None and run.ticking()]
+    runs = [run for run in _live() if run.ticking()]
     if not runs:
         return _HOROVOD["check_host_updates"](self)
     heard = 0
@@ -198,8 +205,7 @@ def _check_host_updates_through_ticks(self):
 
 def _keep_replicas_then_restore(self):
     """TorchState.restore (after a failure, before the reset): every live engine's replica is kept first."""
-    _LIVE[:] = [run for run in _LIVE if run.session.report is None]
-    for run in _LIVE:
+    for run in _live():
         run.keep_replica()
     _HOROVOD["restore"](self)
 

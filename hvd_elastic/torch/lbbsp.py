@@ -60,7 +60,7 @@ class _Overlap:
 
     def _submit(self, p):
         if p.grad.is_sparse:
-            refuse_sparse_gradients(self.state, self.session.cfg.policy)
+            refuse_sparse_gradients(self.state)
         if not self.handles:
             self.ctl.unstepped = self._unapplied
         if len(self.handles) == len(self.params) - 1:

@@ -123,7 +123,7 @@ def _relaxed_step_body(self, closure):
         session.relaxed_step(local_step=state.inner_step)
         return loss
     pushed = state.backward.settle(synchronized)
-    refuse_sparse_gradients(state, session.cfg.policy)
+    refuse_sparse_gradients(state)
     session.relaxed_step(state.flat.accumulate_gradients, pushed=pushed)
     if engine.applied_contributions == 0:
         # The optimizer state (momentum, Adam moments) is created by the first applied tick. Waiting for it once
@@ -217,8 +217,7 @@ def _start_engine(optimizer, state: Attached, backward_passes_per_step: int, rec
     brings every rank to one state and returns the job's (epoch_ns, engine id)."""
     session, flat = state.session, state.flat
     if recover is not None:
-        session.rank, session.size = hvd.rank(), hvd.size()
-        session.telemetry.rank, session.telemetry.size = session.rank, session.size
+        session.follow_ranks()
     per = session.cfg.momentum_per
     rounds = RoundSgd(optimizer, state.inner_step, session.size) \
         if per == "round" and RoundSgd.applies(optimizer) else None

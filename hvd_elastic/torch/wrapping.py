@@ -109,8 +109,9 @@ def wrap_class(optimizer, state, step, extra=None):
 
 
 
-def refuse_sparse_gradients(state, policy):
+def refuse_sparse_gradients(state):
     """A sparse gradient of the optimizer whose Attached is `state` is a one-line error (policy bsp takes them)."""
+    policy = state.session.cfg.policy
     for p in state.flat.params:
         if p.grad is not None and p.grad.is_sparse:
             name = state.names.get(p, "?")

@@ -6,6 +6,7 @@ ranks run the same interpreter as the tests.
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import os
 import re
 import signal
@@ -52,10 +53,21 @@ def command(launcher, np, script, args=()):
     raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
 
 
+@functools.lru_cache(maxsize=None)
+def horovod_build() -> str:
+    """Whether this Horovod was built with Gloo and with MPI, asked of Horovod's build once per test session, as
+    "gloo=1,mpi=1": horovodrun in the jobs the tests launch answers its own build probe with it (tests/guards)."""
+    probe = subprocess.run([sys.executable, "-c", "import horovod.torch as h; print(int(h.gloo_built()), "
+                            "int(h.mpi_built()))"], capture_output=True, text=True, timeout=120)
+    gloo, mpi = probe.stdout.split()
+    return f"gloo={gloo},mpi={mpi}"
+
+
 def job_env(env=None) -> dict:
     """The environment of a launched job: this one without any HVD_ELASTIC_* setting, the venv and this checkout
-    first, then `env`."""
+    first, Horovod's build (horovod_build), then `env`."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("HVD_ELASTIC_")}
+    full_env["HVDE_TEST_HOROVOD_BUILT"] = horovod_build()
     full_env.update({"PATH": BIN + os.pathsep + os.environ.get("PATH", ""), "PYTHONUNBUFFERED": "1",
                      "PYTHONPATH": os.pathsep.join([ROOT, GUARDS, os.environ.get("PYTHONPATH", "")]),
                      "OMPI_MCA_rmaps_base_oversubscribe": "1", "HOROVOD_LOG_LEVEL": "warning",

@@ -23,8 +23,9 @@ def test_demo_compares_bsp_with_the_recommended_policy():
     bsp_acc, bsp_wait = _row(res, "bsp")
     wbsp_acc, wbsp_wait = _row(res, "wbsp")
     assert bsp_acc > 0.85 and wbsp_acc > 0.85, (bsp_acc, wbsp_acc)
-    # bsp: the three fast ranks wait for the straggler far more than it waits for them
-    assert min(bsp_wait[:3]) > bsp_wait[3] + 0.2, bsp_wait
+    # bsp: each fast rank waits for the straggler more than it waits for them, and far more on average (on a loaded
+    # machine the straggler waits too: the fast ranks' compute shares its cores)
+    assert min(bsp_wait[:3]) > bsp_wait[3] and sum(bsp_wait[:3]) / 3 > bsp_wait[3] + 0.15, bsp_wait
     # wbsp with overlap: fast ranks never wait for the straggler
     assert max(wbsp_wait[:3]) < 0.1, wbsp_wait
     assert res.lines_with("[demo] wbsp finished the same budget of steps"), res.output[-2000:]

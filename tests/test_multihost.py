@@ -186,13 +186,13 @@ def test_a_cut_link_is_named_and_the_job_ends(fault_jobs):
     assert res.elapsed < STALL_S + 30, res.elapsed
 
 
-@pytest.mark.parametrize("policy", ["bsp", "asp"])
-def test_elastic_recovers_across_hosts(cluster, tmp_path, policy):
-    """horovodrun --elastic over the cluster's hosts: a host removed from discovery mid-run, then added back; under a
-    tick policy every reset resumes from a survivor's replica and every push since the last one is applied."""
-    hosts = tmp_path / "hosts"
+ELASTIC_POLICIES = ("bsp", "asp")
+
+
+def _elastic_job(folder, policy):
+    hosts = folder / "hosts"
     hosts.write_text("".join(f"{h}:1\n" for h in HOSTS[:3]))
-    discover = tmp_path / "discover.sh"
+    discover = folder / "discover.sh"
     discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
     discover.chmod(discover.stat().st_mode | stat.S_IEXEC)
     cmd = [os.path.join(BIN, "horovodrun"), "-np", "3", "--min-np", "2", "--max-np", "3",
@@ -201,7 +201,25 @@ def test_elastic_recovers_across_hosts(cluster, tmp_path, policy):
            os.path.join(ROOT, "tests", "workers", "elastic_torch.py"), "--hosts-file", str(hosts), "--np", "3",
            "--host-names", ",".join(HOSTS[:3]), "--steps", "80", "--remove-at", "20", "--wait", "20:2",
            "--add-at", "40", "--wait", "40:3"]
-    res = run(cmd, job_env({"HVD_ELASTIC_POLICY": policy}), timeout=240)
+    return lambda: run(cmd, job_env({"HVD_ELASTIC_POLICY": policy}), timeout=240)
+
+
+@pytest.fixture(scope="module")
+def elastic_jobs(cluster, tmp_path_factory, request):
+    """The elastic jobs of the selected tests, side by side (each mostly waits for Horovod's driver between a
+    worker's start-ups): policy -> future of (Result, time.time() when the job ended)."""
+    chosen = [item.callspec.params["policy"] for item in request.session.items
+              if item.module is request.module and item.originalname == "test_elastic_recovers_across_hosts"]
+    jobs = {p: _elastic_job(tmp_path_factory.mktemp(f"elastic-{p}"), p) for p in ELASTIC_POLICIES if p in chosen}
+    with side_by_side(jobs, len(jobs) or 1) as futures:
+        yield futures
+
+
+@pytest.mark.parametrize("policy", ELASTIC_POLICIES)
+def test_elastic_recovers_across_hosts(elastic_jobs, policy):
+    """horovodrun --elastic over the cluster's hosts: a host removed from discovery mid-run, then added back; under a
+    tick policy every reset resumes from a survivor's replica and every push since the last one is applied."""
+    res, _ = elastic_jobs[policy].result()
     assert res.returncode == 0 and not res.timed_out, res.output[-4000:]
     finals = [line for line in res.output.splitlines() if "ELASTIC rank=" in line]
     assert len(finals) == 3, res.output[-4000:]

@@ -118,8 +118,10 @@ def test_back_in_lockstep_the_ranks_that_ran_ahead_keep_their_lead(policy, knobs
     _same_on_every_rank(c)
     assert c[0]["lockstep_switches"] == 2 and run.engines[0].policy.in_lockstep, c[0]
     switch_back = c[0]["lockstep_switch_pushes"][1]
+    # the lead is what the fast ranks gained while relaxed (80-150 steps on an idle machine, about 30 when a loaded
+    # machine shortens the relaxed phase); working it off would leave 0-2
     lead = min(run.steps[:3]) - run.steps[3]
-    assert lead >= 40, (run.steps, c[0]["lockstep_switch_pushes"])
+    assert lead >= 20, (run.steps, c[0]["lockstep_switch_pushes"])
     # after the switch back every rank ran about as many steps (rounds), whatever its clock at the switch
     after = [s - o for s, o in zip(run.steps, run.engines[0].policy.lockstep.origin)]
     assert max(after) - min(after) <= 2 and min(after) >= (2000 - switch_back) // 4 - 2, (after, run.steps)

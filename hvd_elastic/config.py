@@ -196,7 +196,8 @@ KNOBS = (
          doc="Measured at run time: each rank's step compute time and push period, lock-step's cost per round, the "
              "relaxed rule's cost per step; the ranks relax while the predicted relaxed/lock-step ratio of pushes "
              "per second is at least this (5% hysteresis), otherwise a rank starts a step only once every rank has "
-             "pushed as many updates (staleness 0, as BSP). 1.25: relaxing must promise a quarter more pushes to "
+             "pushed as many updates (staleness 0, as BSP; under wbsp it uploads once a round and downloads the global "
+             "model once every rank's upload of the round is in it). 1.25: relaxing must promise a quarter more pushes to "
              "pay for its stale gradients; 0: the policy's own rule always (docs/design.md)."),
     Knob("push_at_backward", True, _bool, "0|1",
          "PyTorch: push a step's gradient as soon as backward has produced it, not at step().",

@@ -101,7 +101,8 @@ REGISTRY: Dict[str, Policy] = {p.name: p for p in (
            knobs=("predictor", "lbbsp_mode", "lbbsp_tolerance", "global_batch", "lbbsp_caps", "emulate_sample_delay"),
            refuses=HOROVOD_ARGUMENTS, frontends=("PyTorch", "Keras")),
     Policy("wbsp", "worker-busy synchronous: fast ranks never wait, asymmetric upload and download",
-           lockstep=False, rule=_RULES + "wbsp:Wbsp", deltas=True, knobs=("wbsp_overlap",) + TICK_KNOBS,
+           lockstep=False, rule=_RULES + "wbsp:Wbsp", deltas=True,
+           knobs=("wbsp_overlap", "relax_min_gain") + TICK_KNOBS,
            refuses=_TICK_REFUSES, elastic=("PyTorch",)),
 )}
 NAMES: Tuple[str, ...] = tuple(REGISTRY)

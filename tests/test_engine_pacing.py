@@ -88,7 +88,7 @@ def test_auto_pacing_joins_ticks_once_pushes_are_predictable(policy, schedule, t
     """tick_pacing=auto: probe pacing until a table shows every live rank's push period measured and nothing
     pending, join pacing from then on -- a decision every rank takes from the same tables, so both modes mix in one
     run with the same collectives on every rank. A rank that waits for its own push (max in flight 0) sends that
-    tick itself (Ticker.run_inline) unless its tick thread got there first. zipline (joins_stragglers = False) joins
+    tick itself (Ticker.run_inline) unless its tick thread got there first. zipline (relaxed_joins = "peers") joins
     only while every rank is a peer: under a straggler its ticks stay probe-paced. (The first ticks, before the
     straggler's period is measured, probe: about 60 of them, so the straggler case runs 1600 steps, about 570
     ticks.)"""

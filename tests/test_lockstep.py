@@ -1,6 +1,6 @@
-"""The gradient policies' lock-step fallback (HVD_ELASTIC_RELAX_MIN_GAIN; engine/policies/base.py Lockstep, the rule:
+"""The tick policies' lock-step fallback (HVD_ELASTIC_RELAX_MIN_GAIN; engine/policies/base.py Lockstep, the rule:
 native/include/hvd_elastic/lockstep.h) in one process (tests/harness.py: n ranks as threads, an in-memory allreduce,
-scripted step times). In lock-step every gradient policy is BSP, exactly; the ranks relax where a straggler makes it
+scripted step times). In lock-step every tick policy is BSP, exactly (wbsp: its global model, on SGD); the ranks relax where a straggler makes it
 pay and stay in lock-step where speeds are equal; every rank switches at the same ticks."""
 import time
 
@@ -27,11 +27,14 @@ def lockstep_throughout(monkeypatch):
 
 @pytest.mark.parametrize("schedule", ["straggler", "transient", "stall"])
 @pytest.mark.parametrize("policy,knobs", [("asp", {}), ("ssp", {"staleness": 3}), ("dssp", {}),
-                                          ("zipline", {"lookahead": 4})], ids=["asp", "ssp", "dssp", "zipline"])
-def test_in_lockstep_every_gradient_policy_is_bsp(lockstep_throughout, policy, knobs, schedule):
+                                          ("zipline", {"lookahead": 4}), ("wbsp", {}), ("wbsp", {"wbsp_overlap": True})],
+                         ids=["asp", "ssp", "dssp", "zipline", "wbsp", "wbsp-overlap"])
+def test_in_lockstep_every_tick_policy_is_bsp(lockstep_throughout, policy, knobs, schedule):
     """The weights of sequential SGD on each step's average gradient (up to the order of summation), no rank ever
     a clock ahead of another at a step start, whatever the policy's own rule would allow; and every round's pushes in
-    one tick, as in BSP's one allreduce, however late a slowed rank pushes (no gradient one update stale)."""
+    one tick, as in BSP's one allreduce, however late a slowed rank pushes (no gradient one update stale). wbsp (a
+    local SGD step, then its delta uploaded): each round's download brings the mean of the round's deltas, all taken
+    from one global model, which is BSP's step."""
     sched = [s[:STEPS] for s in SCHEDULES[schedule]]
     run = run_job(policy, sched, **knobs)
     ref = bsp_reference(len(sched), STEPS, np.zeros_like(run.weights()[0]))
@@ -81,7 +84,8 @@ def _same_on_every_rank(counters):
     assert len(counters[0]["lockstep_switch_pushes"]) == counters[0]["lockstep_switches"], counters[0]
 
 
-@pytest.mark.parametrize("policy,knobs", [("asp", {}), ("zipline", {"lookahead": 6})], ids=["asp", "zipline"])
+@pytest.mark.parametrize("policy,knobs", [("asp", {}), ("zipline", {"lookahead": 6}), ("wbsp", {"wbsp_overlap": True})],
+                         ids=["asp", "zipline", "wbsp-overlap"])
 def test_under_a_persistent_straggler_the_ranks_relax_and_the_fast_ones_run_ahead(policy, knobs):
     """A 10x straggler: lock-step until its cost is measured, then relaxed for good (predicted gain far above
     1.25); the fast ranks take more than twice the straggler's steps (zipline's lead is bounded by R per superstep,
@@ -94,11 +98,12 @@ def test_under_a_persistent_straggler_the_ranks_relax_and_the_fast_ones_run_ahea
     assert min(run.steps[:3]) > 2 * run.steps[3], run.steps
 
 
-def test_with_equal_speeds_the_ranks_never_leave_lockstep():
+@pytest.mark.parametrize("policy,knobs", [("asp", {}), ("wbsp", {"wbsp_overlap": True})], ids=["asp", "wbsp-overlap"])
+def test_with_equal_speeds_the_ranks_never_leave_lockstep(policy, knobs):
     """Equal speeds: even a relaxed rule that cost nothing would deliver (compute + o_L) / compute = about 1.0x
     lock-step's pushes (o_L is well under a millisecond in one process, 20 ms steps), under 1.25 x 1.05, so relaxed
     is never measured: every push in lock-step, no switch, the same on every rank."""
-    run = run_job("asp", [[0.02]] * 4, target=400)
+    run = run_job(policy, [[0.02]] * 4, target=400, **knobs)
     c = run.counters
     _same_on_every_rank(c)
     assert c[0]["lockstep_switches"] == 0 and c[0]["lockstep_share"] == 1.0, c[0]

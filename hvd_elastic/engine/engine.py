@@ -97,13 +97,11 @@ class SyncEngine:
         self._step_gate = _StepGate()
         self._digest = None              # running checksum of the weights at each barrier (Buffers.fold_digest)
         self.updates = policy.updates(self.buffers, self.numel, size, **frontend.callbacks())
-        # A delta policy (wbsp) uploads while its next step computes: auto pacing keeps probes for it.
-        pacing = "probe" if cfg.tick_pacing == "auto" and self.updates.local_step else cfg.tick_pacing
         # Peer alignment (HVD_ELASTIC_PEER_WAIT) also bounds how long a tick holds pushes for ranks due to push.
         self.ticker = Ticker(self.numel, self.buffers, rank, size, frontend.allreduce_sum, tick_s=cfg.tick_ms / 1000.0,
                              epoch_ns=frontend.epoch_ns, name=frontend.tick_name, hold_fraction=cfg.peer_wait,
-                             stream=frontend.stream and not self.updates.local_step, pacing=pacing,
-                             join_stragglers=policy.joins_stragglers,
+                             stream=frontend.stream and not self.updates.local_step, pacing=cfg.tick_pacing,
+                             relaxed_joins=policy.relaxed_joins,
                              lockstep=policy.lockstep.new_rule() if policy.lockstep is not None else None)
 
     # ---- per step ----------------------------------------------------------------------------------------------

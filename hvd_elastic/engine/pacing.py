@@ -29,7 +29,9 @@ ranks: every tick has the same shape.
 
 Auto pacing (auto, the default): probe pacing until a table shows every live rank's push period and last push
 (predictable) and nothing pending, join pacing from then on -- for a policy that does not join stragglers (zipline:
-joins_stragglers = False) only while every rank is a peer of every other (still_peers), probes otherwise. Under a
+relaxed_joins = "peers") only while every rank is a peer of every other (still_peers), probes otherwise, and for
+a policy that joins no relaxed tick (wbsp: relaxed_joins = "never", its uploads travel while its next step computes)
+probes throughout, joined in lock-step only. Under a
 straggler, its push joins a tick of the fast group's (due first, it waits for its push until theirs; due after them,
 its thread joins their tick early and its push goes into their next): one collective per fast round. While the
 policy's lock-step fallback holds the ranks in lock-step (policies/base.py Lockstep; the pacing keeps its own copy
@@ -64,6 +66,9 @@ from .table import (AUTO_EXIT_SPEED, CHUNK_WORDS, PEER_SPEED, join_wait_s, locks
 
 BUSY_WINDOW, BUSY = 8, 6   # probe pacing: full ticks without probes while BUSY of the last BUSY_WINDOW ticks had pushes
 TICK_PACINGS = ("probe", "join", "auto")   # HVD_ELASTIC_TICK_PACING: the modes below
+# auto pacing, while the ranks go relaxed (a policy's relaxed_joins): ticks joined once predictable, under a straggler
+# too; joined only while every rank is a peer of every other; never joined (probes; joined in lock-step only)
+RELAXED_JOINS = ("always", "peers", "never")
 SMALL_WORDS = 1 << 18      # payloads under this may be joined (join, auto); larger ones are probe-paced
 AUTO_JOIN_HOLD = 2         # auto pacing, joined ticks while all ranks are peers: join_wait_s's hold (the window of
                            # the first group, how late a peer may push and still be waited for) is this times the
@@ -164,11 +169,11 @@ class AutoPacing:
 
     may_join = True
 
-    def __init__(self, numel: int, backoff: Backoff, hold_fraction: float, join_stragglers: bool, lockstep=None,
+    def __init__(self, numel: int, backoff: Backoff, hold_fraction: float, relaxed_joins: str, lockstep=None,
                  large: bool = False):
         self.probe_pacing = ProbePacing(numel, backoff, hold_fraction)
         self.join_pacing = JoinPacing(backoff, hold_fraction)
-        self.join_stragglers = join_stragglers
+        self.relaxed_joins = relaxed_joins   # RELAXED_JOINS: when ticks are joined while the ranks go relaxed
         self.lockstep = lockstep   # the policy's lock-step rule (a copy fed the same tables), or None
         self.large = large    # a payload of SMALL_WORDS or more: joined in lock-step only, full after a probe only
         self.announced = False   # the last table announced pushes (pending, or a stream begun)
@@ -206,9 +211,9 @@ class AutoPacing:
         # prediction, nor the peers' window), one collective per round, for any policy
         if self.in_lockstep:
             self.joined = True
-        elif self.large:
+        elif self.large or self.relaxed_joins == "never":
             self.joined = False
-        elif self.join_stragglers:
+        elif self.relaxed_joins == "always":
             # joined from the first predictable table with nothing pending (or in lock-step), and for good
             peers.wide = still_peers(meta, peers.wide)
             self.joined = self.joined or (predictable(meta) and nothing_pending(meta))
@@ -218,16 +223,19 @@ class AutoPacing:
 
 
 def make_pacing(mode: str, numel: int, streamed: bool, tick_s: float, max_idle_s: float, hold_fraction: float,
-                join_stragglers: bool = True, lockstep=None):
+                relaxed_joins: str = "always", lockstep=None):
     """The pacing object of HVD_ELASTIC_TICK_PACING `mode`: join for small payloads only (under SMALL_WORDS, not
     streamed), auto for small payloads and, with a lock-step rule, for large ones (joined in lock-step only), probe
-    pacing otherwise."""
+    pacing otherwise; auto for a policy that joins no relaxed tick (relaxed_joins "never") only with a lock-step
+    rule."""
     if mode not in TICK_PACINGS:
         raise ValueError(f"unknown tick pacing {mode!r}; accepted: {'|'.join(TICK_PACINGS)}")
+    if relaxed_joins not in RELAXED_JOINS:
+        raise ValueError(f"relaxed_joins must be one of {RELAXED_JOINS}, got {relaxed_joins!r}")
     backoff = Backoff(tick_s, max_idle_s)
     small = numel < SMALL_WORDS and not streamed
     if small and mode == "join":
         return JoinPacing(backoff, hold_fraction)
-    if mode == "auto" and (small or lockstep is not None):
-        return AutoPacing(numel, backoff, hold_fraction, join_stragglers, lockstep, large=not small)
+    if mode == "auto" and (lockstep is not None or (small and relaxed_joins != "never")):
+        return AutoPacing(numel, backoff, hold_fraction, relaxed_joins, lockstep, large=not small)
     return ProbePacing(numel, backoff, hold_fraction)

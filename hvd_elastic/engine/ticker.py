@@ -74,15 +74,15 @@ class Ticker:
     does, else it should not keep a core busy while it waits). `name`: the Horovod tensor name of the ticks, unique
     among the engines alive in this process and the same on every rank. hold_fraction: the release hold
     (HVD_ELASTIC_PEER_WAIT; 0: release at once); stream: the frontend can hand a gradient over as backward produces
-    it, and every rank's frontend says so; pacing: HVD_ELASTIC_TICK_PACING; join_stragglers: auto pacing joins ticks
-    under a straggler too (else only while every rank is a peer of every other, or while `lockstep`, a fresh
-    lock-step rule of the policy's (policies/base.py Lockstep), fed the same tables, says the ranks go in
-    lock-step)."""
+    it, and every rank's frontend says so; pacing: HVD_ELASTIC_TICK_PACING; relaxed_joins: when auto pacing joins ticks
+    while the ranks go relaxed (pacing.RELAXED_JOINS: under a straggler too, only while every rank is a peer of
+    every other, or never); they are joined while `lockstep`, a fresh lock-step rule of the policy's
+    (policies/base.py Lockstep), fed the same tables, says the ranks go in lock-step."""
 
     def __init__(self, numel: int, buffers, rank: int, size: int,
                  allreduce_sum: Callable[[list, str, bool], None], *, tick_s: float, pacing: str,
                  hold_fraction: float, max_idle_s: float = 0.01, epoch_ns: int = 0, name: str = "hvd_elastic.tick",
-                 stream: bool = False, join_stragglers: bool = True, lockstep=None):
+                 stream: bool = False, relaxed_joins: str = "always", lockstep=None):
         if not hasattr(buffers, "zeros"):          # a dtype: numpy buffers
             buffers = NumpyBuffers(buffers)
         self.numel, self.buffers, self.rank, self.size, self.name = numel, buffers, rank, size, name
@@ -93,7 +93,7 @@ class Ticker:
         self.pool = BufferPool(buffers, self.wire.length, self._lock)
         self.streams = Streams(numel, stream, self._lock, self.handoff.thread_wake)
         self.pacing = make_pacing(pacing, numel, self.streams.chunked, tick_s, max_idle_s, hold_fraction,
-                                  join_stragglers, lockstep)
+                                  relaxed_joins, lockstep)
         self._was_outside = False      # the training thread waited in a collective of the script's own since its
         self._left_outside_at = 0      # last push, and left it before the tick of this index (_meet_after_outside)
         self._loop = TickLoop(self)

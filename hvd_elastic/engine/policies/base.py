@@ -50,9 +50,10 @@ class Policy:
     # with s = 0 must never let a rank see another rank's *next* update, which, with the push at the end of
     # backward, is often already in a completed tick when the rank reaches step().
     fresh_reads = False
-    # Auto tick pacing (engine/pacing.py) joins ticks under a straggler too if True; if False only while every rank
-    # is a peer of every other (probes otherwise)
-    joins_stragglers = True
+    # While the ranks go relaxed, auto tick pacing (engine/pacing.py RELAXED_JOINS) joins ticks: "always" (under a
+    # straggler too), "peers" (only while every rank is a peer of every other; probes otherwise) or "never" (probes;
+    # joined in lock-step only)
+    relaxed_joins = "always"
     has_barriers = False        # observe() reports barriers, where the engine checks the replicas
     AUTO_MAX_INFLIGHT = 4
 
@@ -207,9 +208,11 @@ class Lockstep:
 
     @classmethod
     def build(cls, cfg, size: int, updates) -> Optional["Lockstep"]:
-        """None where it does not apply: a single rank, HVD_ELASTIC_RELAX_MIN_GAIN=0, or a delta policy (wbsp: its
-        ranks train their own copies; lock-step would only add waits)."""
-        if size < 2 or cfg.relax_min_gain <= 0 or updates.local_step:
+        """None where it does not apply: a single rank, or HVD_ELASTIC_RELAX_MIN_GAIN=0. A delta policy (wbsp) in
+        lock-step uploads once a round and downloads the global model W once every rank's upload of the round is in
+        it (its own rule allows that download then), so that W moves by the mean of deltas taken from one W: with SGD
+        (momentum included, each rank's buffer fed its own gradients) the mean of BSP's updates."""
+        if size < 2 or cfg.relax_min_gain <= 0:
             return None
         return cls(size, cfg.relax_min_gain)
 

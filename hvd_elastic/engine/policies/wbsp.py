@@ -28,6 +28,7 @@ class Wbsp(Policy):
     communication)."""
 
     fresh_reads = True      # unchanged by the push point: wbsp has no backward push, and no s = 0 case
+    relaxed_joins = "never"   # relaxed, an upload travels while the next step computes: probes, joined in lock-step
     SLOWEST_HISTORY = 8   # iteration times per rank the slowest-rank estimate takes the median of
 
     def __init__(self, cfg, rank: int, size: int):
@@ -40,7 +41,9 @@ class Wbsp(Policy):
         self.stale_downloads = 0
 
     def max_inflight(self, interval_ns: int, push_latency_s: float) -> int:
-        return 1 if self.cfg.wbsp_overlap else 0   # overlap: the upload of step k travels while step k+1 computes
+        """Overlap: the upload of step k travels while step k+1 computes. In lock-step a rank waits for its round's
+        tick, its own upload in it, whatever the overlap: it blocks on that upload (and runs the tick itself)."""
+        return 1 if self.cfg.wbsp_overlap and not self.in_lockstep else 0
 
     def observe(self, tick, view) -> bool:
         for q in range(view.size):

@@ -23,7 +23,7 @@ class Zipline(Policy):
     function of the tick stream, so every rank agrees."""
 
     # Under a straggler joined ticks reach the target no sooner and end less accurate (docs/design.md, "Pacing")
-    joins_stragglers = False
+    relaxed_joins = "peers"
     has_barriers = True
 
     def __init__(self, cfg, rank: int, size: int):

@@ -166,6 +166,12 @@ KNOBS = (
          "Most samples a rank may take per step (memory), for every rank and/or named ranks."),
     Knob("wbsp_overlap", False, _bool, "0|1",
          "Upload each step from a communication thread while the next step computes."),
+    Knob("wbsp_lockstep", False, _bool, "0|1",
+         "wbsp: the lock-step fallback of HVD_ELASTIC_RELAX_MIN_GAIN (off: wbsp's own rule always).",
+         doc="In lock-step a rank uploads once a round and downloads the global model once every rank's upload of "
+             "the round is in it (BSP's step on SGD). Off by default: at equal speeds on the benchmark's MNIST-1D "
+             "task wbsp with overlap reached the target sooner relaxed than in lock-step (docs/benchmarks.md, "
+             "\"wbsp in lock-step\")."),
     Knob("tick_ms", 1.0, _float(0.0, exclusive=True), "number > 0",
          "Minimum interval between two partial-allreduce ticks, in milliseconds."),
     Knob("tick_pacing", "auto", _choice(TICK_PACINGS), "|".join(TICK_PACINGS),
@@ -196,9 +202,8 @@ KNOBS = (
          doc="Measured at run time: each rank's step compute time and push period, lock-step's cost per round, the "
              "relaxed rule's cost per step; the ranks relax while the predicted relaxed/lock-step ratio of pushes "
              "per second is at least this (5% hysteresis), otherwise a rank starts a step only once every rank has "
-             "pushed as many updates (staleness 0, as BSP; under wbsp it uploads once a round and downloads the global "
-             "model once every rank's upload of the round is in it). 1.25: relaxing must promise a quarter more pushes to "
-             "pay for its stale gradients; 0: the policy's own rule always (docs/design.md)."),
+             "pushed as many updates (staleness 0, as BSP; wbsp with HVD_ELASTIC_WBSP_LOCKSTEP=1 only). 1.25: "
+             "relaxing must promise a quarter more pushes to pay for its stale gradients; 0: the policy's own rule always (docs/design.md)."),
     Knob("push_at_backward", True, _bool, "0|1",
          "PyTorch: push a step's gradient as soon as backward has produced it, not at step().",
          doc="As Horovod starts its allreduce from backward hooks, so the tick runs while the rank still computes "
@@ -351,7 +356,10 @@ def parse_settings(raw: Mapping[str, list]) -> Config:
 def unused_settings(raw: Mapping[str, list], cfg: Config) -> list:
     """Names of knobs that were set but that the chosen policy does not read (worth a warning, not an error)."""
     spec = registry.policy(cfg.policy)
-    return [_where(name, raw[name][0]) for name in raw if name in KNOBS_BY_NAME and not spec.reads(name)]
+    unused = [name for name in raw if name in KNOBS_BY_NAME and not spec.reads(name)]
+    if spec.deltas and not cfg.wbsp_lockstep and "relax_min_gain" in raw:   # read with the fallback on only
+        unused.append("relax_min_gain")
+    return [_where(name, raw[name][0]) for name in unused]
 
 
 def horovod_elastic() -> bool:

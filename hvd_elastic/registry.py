@@ -102,7 +102,7 @@ REGISTRY: Dict[str, Policy] = {p.name: p for p in (
            refuses=HOROVOD_ARGUMENTS, frontends=("PyTorch", "Keras")),
     Policy("wbsp", "worker-busy synchronous: fast ranks never wait, asymmetric upload and download",
            lockstep=False, rule=_RULES + "wbsp:Wbsp", deltas=True,
-           knobs=("wbsp_overlap", "relax_min_gain") + TICK_KNOBS,
+           knobs=("wbsp_overlap", "wbsp_lockstep", "relax_min_gain") + TICK_KNOBS,
            refuses=_TICK_REFUSES, elastic=("PyTorch",)),
 )}
 NAMES: Tuple[str, ...] = tuple(REGISTRY)

@@ -67,6 +67,11 @@ def test_knobs_the_policy_does_not_read_are_reported():
     assert unused_settings(raw, parse_settings(raw)) == ["HVD_ELASTIC_STALENESS", "HVD_ELASTIC_TICK_MS"]
     raw = raw_settings({"HVD_ELASTIC_POLICY": "ssp", "HVD_ELASTIC_STALENESS": "2"})
     assert unused_settings(raw, parse_settings(raw)) == []
+    # wbsp reads HVD_ELASTIC_RELAX_MIN_GAIN only with its lock-step fallback on
+    raw = raw_settings({"HVD_ELASTIC_POLICY": "wbsp", "HVD_ELASTIC_RELAX_MIN_GAIN": "2"})
+    assert unused_settings(raw, parse_settings(raw)) == ["HVD_ELASTIC_RELAX_MIN_GAIN"]
+    raw = raw_settings({"HVD_ELASTIC_POLICY": "wbsp", "HVD_ELASTIC_RELAX_MIN_GAIN": "2", "HVD_ELASTIC_WBSP_LOCKSTEP": "1"})
+    assert unused_settings(raw, parse_settings(raw)) == []
 
 
 def test_rank_disagreement_names_the_ranks():

@@ -1,6 +1,7 @@
 """The tick policies' lock-step fallback (HVD_ELASTIC_RELAX_MIN_GAIN; engine/policies/base.py Lockstep, the rule:
 native/include/hvd_elastic/lockstep.h) in one process (tests/harness.py: n ranks as threads, an in-memory allreduce,
-scripted step times). In lock-step every tick policy is BSP, exactly (wbsp: its global model, on SGD); the ranks relax where a straggler makes it
+scripted step times). In lock-step every tick policy is BSP, exactly (wbsp, with HVD_ELASTIC_WBSP_LOCKSTEP=1: its
+global model, on SGD); the ranks relax where a straggler makes it
 pay and stay in lock-step where speeds are equal; every rank switches at the same ticks."""
 import time
 
@@ -27,7 +28,8 @@ def lockstep_throughout(monkeypatch):
 
 @pytest.mark.parametrize("schedule", ["straggler", "transient", "stall"])
 @pytest.mark.parametrize("policy,knobs", [("asp", {}), ("ssp", {"staleness": 3}), ("dssp", {}),
-                                          ("zipline", {"lookahead": 4}), ("wbsp", {}), ("wbsp", {"wbsp_overlap": True})],
+                                          ("zipline", {"lookahead": 4}), ("wbsp", {"wbsp_lockstep": True}),
+                                          ("wbsp", {"wbsp_overlap": True, "wbsp_lockstep": True})],
                          ids=["asp", "ssp", "dssp", "zipline", "wbsp", "wbsp-overlap"])
 def test_in_lockstep_every_tick_policy_is_bsp(lockstep_throughout, policy, knobs, schedule):
     """The weights of sequential SGD on each step's average gradient (up to the order of summation), no rank ever
@@ -84,7 +86,8 @@ def _same_on_every_rank(counters):
     assert len(counters[0]["lockstep_switch_pushes"]) == counters[0]["lockstep_switches"], counters[0]
 
 
-@pytest.mark.parametrize("policy,knobs", [("asp", {}), ("zipline", {"lookahead": 6}), ("wbsp", {"wbsp_overlap": True})],
+@pytest.mark.parametrize("policy,knobs", [("asp", {}), ("zipline", {"lookahead": 6}),
+                                          ("wbsp", {"wbsp_overlap": True, "wbsp_lockstep": True})],
                          ids=["asp", "zipline", "wbsp-overlap"])
 def test_under_a_persistent_straggler_the_ranks_relax_and_the_fast_ones_run_ahead(policy, knobs):
     """A 10x straggler: lock-step until its cost is measured, then relaxed for good (predicted gain far above
@@ -98,7 +101,8 @@ def test_under_a_persistent_straggler_the_ranks_relax_and_the_fast_ones_run_ahea
     assert min(run.steps[:3]) > 2 * run.steps[3], run.steps
 
 
-@pytest.mark.parametrize("policy,knobs", [("asp", {}), ("wbsp", {"wbsp_overlap": True})], ids=["asp", "wbsp-overlap"])
+@pytest.mark.parametrize("policy,knobs", [("asp", {}), ("wbsp", {"wbsp_overlap": True, "wbsp_lockstep": True})],
+                         ids=["asp", "wbsp-overlap"])
 def test_with_equal_speeds_the_ranks_never_leave_lockstep(policy, knobs):
     """Equal speeds: even a relaxed rule that cost nothing would deliver (compute + o_L) / compute = about 1.0x
     lock-step's pushes (o_L is well under a millisecond in one process, 20 ms steps), under 1.25 x 1.05, so relaxed

@@ -208,10 +208,11 @@ class Lockstep:
 
     @classmethod
     def build(cls, cfg, size: int, updates) -> Optional["Lockstep"]:
-        """None where it does not apply: a single rank, or HVD_ELASTIC_RELAX_MIN_GAIN=0. A delta policy (wbsp) in
-        lock-step uploads once a round and downloads the global model W once every rank's upload of the round is in
-        it (its own rule allows that download then), so that W moves by the mean of deltas taken from one W: with SGD
-        (momentum included, each rank's buffer fed its own gradients) the mean of BSP's updates."""
+        """None where it does not apply: a single rank, or HVD_ELASTIC_RELAX_MIN_GAIN=0 (wbsp drops it unless
+        HVD_ELASTIC_WBSP_LOCKSTEP=1). A delta policy (wbsp) in lock-step uploads once a round and downloads the
+        global model W once every rank's upload of the round is in it (its own rule allows that download then), so
+        that W moves by the mean of deltas taken from one W: with SGD (momentum included, each rank's buffer fed its
+        own gradients) the mean of BSP's updates."""
         if size < 2 or cfg.relax_min_gain <= 0:
             return None
         return cls(size, cfg.relax_min_gain)

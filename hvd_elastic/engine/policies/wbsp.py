@@ -33,6 +33,8 @@ class Wbsp(Policy):
 
     def __init__(self, cfg, rank: int, size: int):
         super().__init__(cfg, rank, size)
+        if not cfg.wbsp_lockstep:   # the lock-step fallback is HVD_ELASTIC_WBSP_LOCKSTEP's choice
+            self.lockstep = None
         self.state = _native.WbspState(size)
         self.intervals = Intervals(size, None, history=self.SLOWEST_HISTORY)   # fed from the tick stream
         self.slowest = -1

@@ -203,7 +203,8 @@ KNOBS = (
              "relaxed rule's cost per step; the ranks relax while the predicted relaxed/lock-step ratio of pushes "
              "per second is at least this (5% hysteresis), otherwise a rank starts a step only once every rank has "
              "pushed as many updates (staleness 0, as BSP; wbsp with HVD_ELASTIC_WBSP_LOCKSTEP=1 only). 1.25: "
-             "relaxing must promise a quarter more pushes to pay for its stale gradients; 0: the policy's own rule always (docs/design.md)."),
+             "relaxing must promise a quarter more pushes to pay for its stale gradients; 0: the policy's own rule "
+             "always (docs/design.md)."),
     Knob("push_at_backward", True, _bool, "0|1",
          "PyTorch: push a step's gradient as soon as backward has produced it, not at step().",
          doc="As Horovod starts its allreduce from backward hooks, so the tick runs while the rank still computes "
@@ -216,8 +217,7 @@ KNOBS = (
          "glibc: keep heap memory the process frees for reuse instead of returning it every step.",
          doc=f"mallopt: trim above {TRIM_THRESHOLD >> 30} GiB, mmap above {MMAP_THRESHOLD >> 20} MiB, once per "
              "process; without it the freed top of the heap goes back to the system and the next step faults its "
-             "pages back in (hvd_elastic/heap.py). Peak "
-             "memory is unchanged; 0 leaves the allocator as it is."),
+             "pages back in (hvd_elastic/heap.py). Peak memory is unchanged; 0 leaves the allocator as it is."),
     Knob("staleness_compensation", "none", _choice(("none", "inverse", "damped")), "none|inverse|damped",
          "Scale each update by its predicted staleness s: inverse min(1, n/s), damped n/(n+s), or none.",
          doc="The weight is predicted when the update is pushed; inverse: min(1, n / staleness) (Zhang et al. 2016, "
@@ -356,10 +356,7 @@ def parse_settings(raw: Mapping[str, list]) -> Config:
 def unused_settings(raw: Mapping[str, list], cfg: Config) -> list:
     """Names of knobs that were set but that the chosen policy does not read (worth a warning, not an error)."""
     spec = registry.policy(cfg.policy)
-    unused = [name for name in raw if name in KNOBS_BY_NAME and not spec.reads(name)]
-    if spec.deltas and not cfg.wbsp_lockstep and "relax_min_gain" in raw:   # read with the fallback on only
-        unused.append("relax_min_gain")
-    return [_where(name, raw[name][0]) for name in unused]
+    return [_where(name, raw[name][0]) for name in raw if name in KNOBS_BY_NAME and not spec.reads_under(name, cfg)]
 
 
 def horovod_elastic() -> bool:

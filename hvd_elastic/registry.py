@@ -45,7 +45,8 @@ class Policy:
     deltas: the rank takes a local optimizer step and pushes the model delta (wbsp); otherwise it pushes gradients.
     horovod_optimizer: the optimizer is Horovod's own, with every Horovod argument (bsp).
     balances_batches: per-rank batch sizes re-sized every step under a fixed global batch (lbbsp).
-    knobs: the knobs it reads besides COMMON_KNOBS. refuses: Horovod's DistributedOptimizer arguments it cannot honour
+    knobs: the knobs it reads besides COMMON_KNOBS; knobs_when: (knob, switch) pairs, a knob of `knobs` read only
+    while the boolean knob `switch` is on. refuses: Horovod's DistributedOptimizer arguments it cannot honour
     at other than their defaults. frontends: where it runs. elastic: the frontends where it runs under elastic Horovod
     (horovodrun --elastic).
     """
@@ -58,6 +59,7 @@ class Policy:
     horovod_optimizer: bool = False
     balances_batches: bool = False
     knobs: Tuple[str, ...] = ()
+    knobs_when: Tuple[Tuple[str, str], ...] = ()
     refuses: Tuple[str, ...] = ()
     frontends: Tuple[str, ...] = FRONTENDS
     elastic: Tuple[str, ...] = ()
@@ -74,6 +76,11 @@ class Policy:
 
     def reads(self, knob: str) -> bool:
         return knob in COMMON_KNOBS or knob in self.knobs
+
+    def reads_under(self, knob: str, cfg) -> bool:
+        """reads(knob) with the settings `cfg`: a knob of knobs_when only while its switch is on."""
+        switch = dict(self.knobs_when).get(knob)
+        return self.reads(knob) and (switch is None or bool(getattr(cfg, switch)))
 
     def rule_class(self):
         """The engine's rule class of a tick policy (imported on first use)."""
@@ -103,6 +110,7 @@ REGISTRY: Dict[str, Policy] = {p.name: p for p in (
     Policy("wbsp", "worker-busy synchronous: fast ranks never wait, asymmetric upload and download",
            lockstep=False, rule=_RULES + "wbsp:Wbsp", deltas=True,
            knobs=("wbsp_overlap", "wbsp_lockstep", "relax_min_gain") + TICK_KNOBS,
+           knobs_when=(("relax_min_gain", "wbsp_lockstep"),),
            refuses=_TICK_REFUSES, elastic=("PyTorch",)),
 )}
 NAMES: Tuple[str, ...] = tuple(REGISTRY)

@@ -59,6 +59,8 @@ def horovod_build() -> str:
     "gloo=1,mpi=1": horovodrun in the jobs the tests launch answers its own build probe with it (tests/guards)."""
     probe = subprocess.run([sys.executable, "-c", "import horovod.torch as h; print(int(h.gloo_built()), "
                             "int(h.mpi_built()))"], capture_output=True, text=True, timeout=120)
+    if probe.returncode != 0:
+        raise RuntimeError(f"asking Horovod's build failed: {probe.stderr.strip()[-2000:]}")
     gloo, mpi = probe.stdout.split()
     return f"gloo={gloo},mpi={mpi}"
 

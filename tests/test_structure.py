@@ -99,4 +99,6 @@ def test_every_knob_is_read_by_some_policy_and_every_declared_knob_exists():
     for p in registry.REGISTRY.values():
         assert p.lockstep or p.rule, p.name                 # a tick policy names its rule class
         assert set(p.refuses) <= set(registry.HOROVOD_ARGUMENTS), p.name
+        for knob, switch in p.knobs_when:   # a conditional knob is one of its own, switched by a boolean knob it reads
+            assert knob in p.knobs and switch in p.knobs and isinstance(KNOBS_BY_NAME[switch].default, bool), p.name
         assert set(p.frontends) <= set(registry.FRONTENDS), p.name

@@ -267,11 +267,18 @@ class BatchPlan:
     else the previous pass's epoch + 1 (0 first). A batch's size is only known once the previous step is done, so
     drawing ahead of the steps (prefetching) raises HvdElasticError; a step whose backward ran but whose step() the
     script skipped (``LbbspController.unstepped``) is ended, unapplied and with the sizes unchanged, when the next
-    batch is drawn."""
+    batch is drawn.
+
+    Elastic Horovod: :meth:`state_dict` is the plan's place in the data (the pass under way and how many of its
+    global batches were stepped) and :meth:`load_state_dict` makes the next pass resume there; a pass cut short by a
+    reset of the rank set (`resets()` moved since its last draw) resumes at its first batch not stepped. A resumed
+    pass deals each remaining global batch over the ranks of the moment, so every sample of the epoch is still taken
+    once; the batch of a step that failed with the lost rank is taken again, whole, over the new ranks."""
 
     def __init__(self, dataset_len: int, controller: Callable[[], LbbspController], seed: int = 0,
                  drop_last: bool = True, shuffle: bool = True,
-                 permutation: Optional[Callable[[int, int], np.ndarray]] = None):
+                 permutation: Optional[Callable[[int, int], np.ndarray]] = None,
+                 resets: Callable[[], int] = lambda: 0):
         self.n = int(dataset_len)
         self._controller = controller          # a callable: the frontend's current controller
         self.B = controller().batch_size
@@ -281,9 +288,49 @@ class BatchPlan:
         self.seed, self.drop_last, self.shuffle = int(seed), bool(drop_last), bool(shuffle)
         self.epoch = 0                         # the next pass's epoch
         self._permutation = permutation or (lambda n, seed: np.random.default_rng(seed).permutation(n))
+        self._resets = resets                  # resets of the rank set so far (elastic Horovod; else always 0)
+        self._resume: Optional[Tuple[int, int]] = None   # (epoch, first batch) of the next pass (load_state_dict)
+        # the latest draw: (epoch, batch index, the controller that sized it, its steps then, resets then)
+        self._drawn: Optional[Tuple[int, int, LbbspController, int, int]] = None
 
     def set_epoch(self, epoch: int):
+        """The next pass is epoch `epoch`, from its start; a pass to resume (:meth:`load_state_dict`, a reset) is
+        kept when it is of that epoch."""
+        pending = self._pending()
+        self._resume = pending if pending is not None and pending[0] == int(epoch) else None
+        self._drawn = None
         self.epoch = int(epoch)
+
+    def position(self) -> Tuple[int, int]:
+        """(epoch, global batches of it stepped): where the data stands. After a completed pass, (next epoch, 0)."""
+        if self._resume is not None:
+            return self._resume
+        if self._drawn is None:
+            return self.epoch, 0
+        epoch, i, ctl, steps, _ = self._drawn
+        done = i + 1 if ctl.steps > steps else i
+        return (epoch + 1, 0) if done >= len(self) else (epoch, done)
+
+    def state_dict(self) -> dict:
+        """The plan's place in the data, for a checkpoint or elastic Horovod's TorchState (identical on every rank:
+        the steps are synchronous)."""
+        epoch, batches = self.position()
+        return {"epoch": epoch, "batches": batches}
+
+    def load_state_dict(self, state: dict):
+        """Resume at `state` (:meth:`state_dict`): the next pass is that epoch, from that global batch."""
+        epoch, batches = int(state["epoch"]), int(state["batches"])
+        if not 0 <= batches <= len(self):
+            raise ValueError(f"lbbsp batch plan: batches={batches} is outside this epoch's 0..{len(self)} batches")
+        self._resume, self._drawn, self.epoch = (epoch, batches), None, epoch
+
+    def _pending(self) -> Optional[Tuple[int, int]]:
+        """Where the next pass resumes: a loaded state, or a pass that a reset of the rank set cut short."""
+        if self._resume is not None:
+            return self._resume
+        if self._drawn is not None and self._drawn[4] != self._resets():
+            return self.position()
+        return None
 
     def __len__(self) -> int:
         """Steps per epoch."""
@@ -304,15 +351,17 @@ class BatchPlan:
         """One epoch: this rank's indices for each step. `what` names the caller in the prefetch error."""
         # The epoch is taken when the pass starts: a pass need not run to its end (Keras stops reading a dataset
         # of known length after its last step).
-        epoch = self.epoch
+        epoch, start = self._pending() or (self.epoch, 0)
+        self._resume = None
         self.epoch = epoch + 1
         order = self.order(epoch)
-        for i in range(len(self)):
+        for i in range(start, len(self)):
             ctl = self._controller()
             ctl.end_unstepped()
             if ctl.drawn is not None and ctl.drawn_at == ctl.steps:
                 raise HvdElasticError(f"{what}: a batch was drawn before the previous one was stepped; lbbsp decides "
                                       f"each batch's size after the previous step, so draw one batch per step")
             mine = i * self.B + batch_positions(ctl.sizes, ctl.rank)
-            ctl.drawn, ctl.drawn_at, ctl.pass_start = len(mine), ctl.steps, i == 0
+            ctl.drawn, ctl.drawn_at, ctl.pass_start = len(mine), ctl.steps, i == start
+            self._drawn = (epoch, i, ctl, ctl.steps, self._resets())
             yield order[mine]

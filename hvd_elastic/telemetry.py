@@ -155,9 +155,11 @@ def format_report(report: Dict[str, Any]) -> str:
     resets = [r["counters"] for r in report["ranks"] if "elastic_resets" in r["counters"]]
     if resets:
         worst = max(resets, key=lambda c: c["elastic_reset_s"])
+        resumed = worst.get("elastic_resumed_from_updates")
         lines.append(f"elastic Horovod: {max(c['elastic_resets'] for c in resets)} reset(s) of the rank set; the "
-                     f"longest rank took {worst['elastic_reset_s']:.2f} s from a reset to its next step; each resumed "
-                     f"from a state holding {worst['elastic_resumed_from_updates']} updates (-1: the last commit)")
+                     f"longest rank took {worst['elastic_reset_s']:.2f} s from a reset to its next step; "
+                     + (f"each resumed from a state holding {resumed} updates (-1: the last commit)"
+                        if resumed is not None else "each resumed from Horovod's state (the last commit, rank 0's)"))
     for r in report["ranks"]:
         if r["counters"]:
             lines.append(f"rank {r['rank']}: " + ", ".join(f"{k}={v}" for k, v in sorted(r["counters"].items())

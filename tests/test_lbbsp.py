@@ -232,3 +232,55 @@ def test_batch_positions_deal_every_position_once_and_equal_sizes_split_as_distr
                                                           seed=4))
             for i in range(3):
                 assert ds[i * sizes[p]:(i + 1) * sizes[p]] == order[i * B + dealt[p]].tolist()
+
+
+def test_a_plan_resumed_over_other_ranks_takes_every_remaining_sample_of_the_epoch_once():
+    # In one process, the data side of elastic Horovod: a pass stopped after some global batches is resumed from its
+    # state_dict (a commit, or a reset that cut the pass short) over a different number of ranks with other sizes;
+    # the batches stepped before and the ones taken after cover the epoch exactly once.
+    from hvd_elastic.lbbsp import BatchPlan, LbbspController
+    from hvd_elastic.telemetry import Telemetry
+
+    B, steps = 24, 10
+    cfg = Config.from_env({}, policy="lbbsp", global_batch=B)
+
+    def controllers(size):
+        return [LbbspController(cfg, r, size, Telemetry(r, size, "lbbsp")) for r in range(size)]
+
+    def take(plans, ctls, count, sizes=None):
+        """`count` synchronous steps of every rank's plan; returns the sample indices taken."""
+        taken, its = [], [p.batches("test") for p in plans]
+        for _ in range(count):
+            for it in its:
+                taken.extend(next(it).tolist())
+            for c in ctls:
+                c.update(np.array([[1000 * b, b, 0] for b in c.sizes], np.int64))
+                if sizes:
+                    c.sizes = list(sizes)
+        return taken
+
+    resets = [0]
+    ctls = controllers(3)
+    plans = [BatchPlan(steps * B, (lambda c=c: c), seed=3, resets=lambda: resets[0]) for c in ctls]
+    before = take(plans, ctls, 4, sizes=[4, 12, 8])
+    assert {tuple(p.state_dict().items()) for p in plans} == {(("epoch", 0), ("batches", 4))}
+
+    # a commit: new ranks (2 of them, a joiner among them) load the state and resume at batch 4
+    ctls2 = controllers(2)
+    plans2 = [BatchPlan(steps * B, (lambda c=c: c), seed=3, resets=lambda: resets[0]) for c in ctls2]
+    for p in plans2:
+        p.load_state_dict(plans[0].state_dict())
+    after = take(plans2, ctls2, steps - 4, sizes=[5, 19])
+    order = plans[0].order(0)
+    assert sorted(before + after) == sorted(order.tolist()) and len(before + after) == steps * B
+    assert {tuple(p.state_dict().items()) for p in plans2} == {(("epoch", 1), ("batches", 0))}
+
+    # a reset that cuts a pass short without a load (an announced change): the next pass resumes it
+    taken = take(plans2, ctls2, 3)
+    resets[0] += 1
+    rest = take(plans2, ctls2, steps - 3)
+    assert sorted(taken + rest) == sorted(plans2[0].order(1).tolist())
+    # without a reset, a new pass starts the next epoch from its start, as before
+    assert sorted(take(plans2, ctls2, 1)) == sorted(plans2[0].order(2)[:B].tolist())
+    with pytest.raises(ValueError, match="batches=11 is outside this epoch's 0..10 batches"):
+        plans2[0].load_state_dict({"epoch": 0, "batches": 11})

@@ -1,4 +1,5 @@
-"""Elastic Horovod (``horovodrun --elastic``, ``@hvd.elastic.run``) under the tick policies (PyTorch).
+"""Elastic Horovod (``horovodrun --elastic``, ``@hvd.elastic.run``) under the tick policies (PyTorch); lbbsp counts
+Horovod's resets here (:func:`resets`) and rebuilds its batch plan on its own (torch/lbbsp.py, LbbspElastic).
 
 Horovod re-forms the job when the rank set changes: a collective fails (HorovodInternalError: every rank restores
 its last ``state.commit()``) or the driver reports new or removed hosts at a commit (HostsUpdatedInterrupt), then
@@ -168,6 +169,17 @@ class ElasticRun:
 
 _LIVE: List[ElasticRun] = []
 _HOROVOD = {"shutdown": None, "restore": None, "check_host_updates": None}
+_RESETS = {"count": 0, "at": 0.0}   # Horovod resets in this process, and when the latest began (perf_counter)
+
+
+def resets() -> int:
+    """How many times hvd.elastic.run has reset Horovod in this process (lbbsp rebuilds its plan when it moves)."""
+    return _RESETS["count"]
+
+
+def reset_began() -> float:
+    """perf_counter() when the latest reset began."""
+    return _RESETS["at"]
 
 
 def _live() -> List[ElasticRun]:
@@ -179,6 +191,8 @@ def _live() -> List[ElasticRun]:
 def _stop_engines_then_shutdown():
     """horovod.torch.elastic's shutdown during a reset: stop every live engine's ticks, shut Horovod down (a tick
     under way fails there), then wait for the tick threads to end before Horovod is initialised again."""
+    _RESETS["count"] += 1
+    _RESETS["at"] = time.perf_counter()
     stopped = [e for e in (run.stop() for run in _live()) if e is not None]
     _HOROVOD["shutdown"]()
     for engine in stopped:

@@ -17,8 +17,10 @@ import time
 from typing import List
 
 import horovod.torch as hvd
+import horovod.torch.elastic.state as _elastic_state
 import torch
 
+from .. import config as _config
 from ..errors import HvdElasticError
 from ..lbbsp import BatchPlan, LbbspController
 from .attached import state_of
@@ -37,7 +39,7 @@ class _Overlap:
     gradient of the same parameter before step() is an error."""
 
     def __init__(self, state, params, dtype):
-        self.state, self.session, self.ctl, self.params = state, state.session, state.session.lbbsp, params
+        self.state, self.session, self.params = state, state.session, params
         self.dtype = dtype      # the table's words: the gradients' numpy twin (float32 for 16-bit gradients)
         self.handles = {}
         self.table = None       # (tensor, handle) of this step's table allreduce, submitted before the last gradient
@@ -46,6 +48,15 @@ class _Overlap:
         self.exchanged = None   # (table, compute, blocked, when) once synchronize() completed this step's exchange
         self._index = {id(p): i for i, p in enumerate(params)}
         self.hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in params]
+
+    @property
+    def ctl(self) -> LbbspController:
+        return current_controller(self.state)
+
+    def forget(self):
+        """Elastic Horovod reset the rank set: the exchange under way failed or was abandoned with the old ranks."""
+        self.handles.clear()
+        self.table = self.exchanged = None
 
     def _name(self, p) -> str:
         """The parameter's Horovod name (the optimizer's named_parameters), the same on every rank."""
@@ -163,6 +174,46 @@ def _lbbsp_zero_grad(self, *args, **kwargs):
     return self._hvd_elastic.base.zero_grad(self, *args, **kwargs)
 
 
+class LbbspElastic:
+    """lbbsp under elastic Horovod (``hvd.elastic.run``). The steps are synchronous, so a reset is Horovod's: after a
+    failure every rank restores its last commit and takes rank 0's state; after an announced change the ranks go on
+    from the step they all committed. What lbbsp adds: at its first use after the reset (the sampler's draw, a
+    gradient's hook, zero_grad(), step()) the batch plan is rebuilt for the ranks of the moment -- the global batch B
+    kept, split evenly until the new ranks' speeds are measured (their per-sample histories start afresh), the
+    exchange the failure cut short forgotten -- and :class:`LbbspSampler` (in the TorchState) resumes the epoch at
+    its first global batch not stepped (:class:`hvd_elastic.lbbsp.BatchPlan`)."""
+
+    def __init__(self, state):
+        from . import elastic
+        elastic.install()
+        self.state, self._elastic = state, elastic
+        self.seen = elastic.resets()
+        self.resets = 0
+        self.reset_s = 0.0      # from each reset's start to the plan's rebuild for the new ranks
+
+    def before_step(self):
+        """Rebuild the batch plan if Horovod has reset the rank set since it was built."""
+        if self._elastic.resets() == self.seen:
+            return
+        self.seen = self._elastic.resets()
+        session = self.state.session
+        session.follow_ranks()
+        session.lbbsp = LbbspController(session.cfg, session.rank, session.size, session.telemetry)
+        self.state.overlap.forget()
+        self.resets += 1
+        self.reset_s += time.perf_counter() - self._elastic.reset_began()
+
+    def counters(self) -> dict:
+        return {"elastic_resets": self.resets, "elastic_reset_s": round(self.reset_s, 3)}
+
+
+def current_controller(state) -> LbbspController:
+    """The optimizer's LB-BSP controller, for the ranks of the moment (rebuilt after an elastic reset)."""
+    if state.elastic is not None:
+        state.elastic.before_step()
+    return state.session.lbbsp
+
+
 def build_lbbsp(optimizer, state, *, compression, op, gradient_predivide_factor, sparse_as_dense, process_set,
                 backward_passes_per_step):
     refuse_unsupported_arguments(state.session.cfg.spec, compression=compression, op=op,
@@ -178,7 +229,11 @@ def build_lbbsp(optimizer, state, *, compression, op, gradient_predivide_factor,
     # zero_grad() ends a step whose step() the script skipped.
     wrap_class(optimizer, state, _lbbsp_step, {"synchronize": _lbbsp_synchronize, "zero_grad": _lbbsp_zero_grad})
     state.flat = flat
-    flat.broadcast_weights(root_rank=0)
+    if _config.horovod_elastic():
+        # a worker that joins builds its optimizer alone: hvd.elastic.run's sync brings the weights
+        state.elastic = LbbspElastic(state)
+    else:
+        flat.broadcast_weights(root_rank=0)
     state.overlap = _Overlap(state, flat.params, flat.dtype)
     return optimizer
 
@@ -190,10 +245,9 @@ def batch_sizes(optimizer) -> List[int]:
 
 def _controller(optimizer) -> LbbspController:
     state = state_of(optimizer)
-    ctl = state.session.lbbsp if state is not None else None
-    if ctl is None:
+    if state is None or state.session.lbbsp is None:
         raise TypeError("this needs an optimizer made by hvd_elastic.torch.DistributedOptimizer with policy lbbsp")
-    return ctl
+    return current_controller(state)
 
 
 def _distributed_sampler_permutation(n: int, seed: int):
@@ -219,17 +273,32 @@ class LbbspSampler(torch.utils.data.Sampler):
 
     Batches must be drawn one step at a time (``num_workers=0``, the DataLoader's default), since each batch's size
     is only known once the previous step is done; drawing ahead raises an error.
+
+    Elastic Horovod: put the sampler in the ``TorchState`` (``TorchState(model, opt, sampler=sampler, ...)``), as
+    Horovod's ElasticSampler: a commit keeps its place in the data (:meth:`state_dict`), and after a reset the next
+    iteration resumes the epoch at its first global batch not stepped, dealt over the new ranks.
     """
 
     def __init__(self, dataset_len, optimizer, seed: int = 0, drop_last: bool = True, shuffle: bool = True):
-        ctl = _controller(optimizer)
+        _controller(optimizer)
         n = int(dataset_len if isinstance(dataset_len, int) else len(dataset_len))
-        self.plan = BatchPlan(n, lambda: ctl, seed=seed, drop_last=drop_last, shuffle=shuffle,
-                              permutation=_distributed_sampler_permutation)
+        resets = lambda: 0   # noqa: E731
+        if _config.horovod_elastic():
+            from .elastic import resets
+        self.plan = BatchPlan(n, lambda: _controller(optimizer), seed=seed, drop_last=drop_last, shuffle=shuffle,
+                              permutation=_distributed_sampler_permutation, resets=resets)
         self.B = self.plan.B
 
     def set_epoch(self, epoch: int):
         self.plan.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        """The epoch under way and how many of its global batches were stepped (:class:`BatchPlan`)."""
+        return self.plan.state_dict()
+
+    def load_state_dict(self, state: dict):
+        """The next iteration resumes at `state` (:meth:`state_dict`)."""
+        self.plan.load_state_dict(state)
 
     def __len__(self):
         return len(self.plan)
@@ -242,3 +311,8 @@ class LbbspSampler(torch.utils.data.Sampler):
     def __iter__(self):
         for idx in self.plan.batches("LbbspSampler (DataLoader num_workers must be 0)"):
             yield idx.tolist()
+
+
+# Horovod's TorchState keeps a sampler's state_dict() at each commit and loads it at restore and sync, for the types
+# in its handler registry (Horovod's ElasticSampler): LbbspSampler is kept the same way.
+_elastic_state.get_handler_registry().append((LbbspSampler, _elastic_state.SamplerStateHandler))

@@ -14,6 +14,14 @@ The rank set changes mid-run in one of two ways:
 ``--wait STEP:SIZE`` (repeatable): at that step every rank trains on (steps not counted) and commits until the job
 has SIZE ranks, so the changes land at known steps however long the driver takes.
 
+Under lbbsp the script is a Horovod elastic script with a sampler (Horovod's ElasticSampler pattern): one epoch of
+--steps global batches of --global-batch samples drawn by hvd_elastic.torch.LbbspSampler, which the TorchState
+holds; the wait loop only commits (lbbsp's commit is Horovod's). The model carries an audit: a parameter `seen` with
+one entry per sample whose gradient through lbbsp's exchange is -1/B on each sample of the global batch, stepped
+with lr B and no momentum, so that after the epoch seen[i] is the number of times sample i's gradient is in the
+weights -- 1 everywhere when every sample was taken exactly once over the resets (rolled-back steps and a failed
+step's batch included); ``audit_off=<samples whose count is not 1>``.
+
 Prints, per rank at the end: ``ELASTIC rank=<r> size=<n> batch=<b> sizes=<sizes seen by rank 0's state>
 digest=<crc32 of the weights> pushed=<pushes of the final ranks since the last reset> applied=<updates applied by
 this rank since then> resets=<resets this optimizer saw> resumed=<per reset: updates in the state resumed from, -1:
@@ -43,16 +51,31 @@ ap.add_argument("--host-names", default="", help="comma list: the discovery file
                                                  "with one slot each (a cluster) instead of localhost:k")
 ap.add_argument("--step-sleep", type=float, default=0.05)
 ap.add_argument("--commit-every", type=int, default=1)
+ap.add_argument("--global-batch", type=int, default=32, help="lbbsp: B")
 args = ap.parse_args()
 waits = dict(tuple(map(int, w.split(":"))) for w in args.wait)
+LBBSP = os.environ.get("HVD_ELASTIC_POLICY") == "lbbsp"
 
 hvd.init()
 torch.manual_seed(0)
 torch.set_num_threads(1)
-model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-sgd = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
-opt = hvde.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
-state = hvd.elastic.TorchState(model=model, optimizer=opt, batch=0, sizes=[])
+if LBBSP:
+    N = args.steps * args.global_batch            # one epoch of --steps global batches
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).double()
+    model.seen = torch.nn.Parameter(torch.zeros(N, dtype=torch.float64))
+    data = torch.randn(N, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    groups = [{"params": [p for n, p in model.named_parameters() if n != "seen"]},
+              {"params": [model.seen], "lr": float(args.global_batch), "momentum": 0.0}]
+    sgd = torch.optim.SGD(groups, lr=0.01, momentum=0.9)
+    opt = hvde.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
+                                    global_batch=args.global_batch)
+    sampler = hvde.LbbspSampler(N, opt, seed=0)
+    state = hvd.elastic.TorchState(model=model, optimizer=opt, sampler=sampler, batch=0, sizes=[])
+else:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    sgd = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
+    opt = hvde.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model=model, optimizer=opt, batch=0, sizes=[])
 
 
 def write_hosts(slots):
@@ -72,10 +95,29 @@ def train_step(seed):
     opt.step()
 
 
+def lbbsp_step(idx):
+    """One step on this rank's share of the global batch, with the audit's term."""
+    x = data[idx]
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)) - model.seen[idx].sum() / len(idx)
+    loss.backward()
+    opt.step()
+
+
+def batches():
+    """This rank's steps: the sampler's epoch under lbbsp (it resumes after a reset), else a step count."""
+    if LBBSP:
+        for idx in sampler:
+            yield lambda: lbbsp_step(idx)
+    else:
+        while state.batch < args.steps:
+            yield lambda: train_step(1000 * state.batch + hvd.rank())
+
+
 @hvd.elastic.run
 def train(state):
-    while state.batch < args.steps:
-        train_step(1000 * state.batch + hvd.rank())
+    for step in batches():
+        step()
         state.batch += 1
         if not state.sizes or state.sizes[-1] != hvd.size():
             state.sizes = state.sizes + [hvd.size()]
@@ -94,8 +136,9 @@ def train(state):
             state.commit()
         while state.batch in waits and hvd.size() != waits[state.batch]:
             # training goes on (steps not counted in state.batch) until the driver has changed the rank set:
-            # commit() raises HostsUpdatedInterrupt then
-            train_step(1000 * state.batch + 100 + hvd.rank())
+            # commit() raises HostsUpdatedInterrupt then (lbbsp: Horovod's commit sees it without training)
+            if not LBBSP:
+                train_step(1000 * state.batch + 100 + hvd.rank())
             time.sleep(0.2)
             state.commit()
 
@@ -103,6 +146,7 @@ def train(state):
 train(state)
 report = hvde.finish(opt)
 weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+audit = f" audit_off={int((model.seen.detach() - 1).abs().gt(1e-6).sum())}" if LBBSP else ""
 digest = zlib.crc32(np.ascontiguousarray(weights).tobytes())
 counters = [r["counters"] for r in report["ranks"]]
 mine = counters[hvd.rank()]
@@ -112,4 +156,4 @@ print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.batch} "
       f"sizes={','.join(map(str, state.sizes))} digest={digest} "
       f"pushed={sum(c.get('pushed', 0) for c in counters)} applied={mine.get('applied_contributions', 0)} "
       f"resets={mine.get('elastic_resets', 0)} "
-      f"resumed={','.join(map(str, mine.get('elastic_resumed_from_updates', []))) or '-'}", flush=True)
+      f"resumed={','.join(map(str, mine.get('elastic_resumed_from_updates', []))) or '-'}{audit}", flush=True)

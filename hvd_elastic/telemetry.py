@@ -159,7 +159,10 @@ def format_report(report: Dict[str, Any]) -> str:
         lines.append(f"elastic Horovod: {max(c['elastic_resets'] for c in resets)} reset(s) of the rank set; the "
                      f"longest rank took {worst['elastic_reset_s']:.2f} s from a reset to its next step; "
                      + (f"each resumed from a state holding {resumed} updates (-1: the last commit)"
-                        if resumed is not None else "each resumed from Horovod's state (the last commit, rank 0's)"))
+                        if resumed is not None else "each resumed from Horovod's state (the last commit, rank 0's)")
+                     + (f"; the survivors' updates lost per reset {worst['elastic_lost_updates']} (in flight "
+                        f"{worst['elastic_in_flight_updates']}), kept beyond the last commit "
+                        f"{worst['elastic_beyond_commit_updates']}" if worst.get("elastic_lost_updates") else ""))
     for r in report["ranks"]:
         if r["counters"]:
             lines.append(f"rank {r['rank']}: " + ", ".join(f"{k}={v}" for k, v in sorted(r["counters"].items())

@@ -47,10 +47,16 @@ STOP_WAIT_S = 10.0   # how long a reset waits for a stopped tick thread to end a
 
 class Snapshot:
     """A survivor's model at a reset: flat weights (gradient policies: the replica; wbsp: the global model W), the
-    optimizer state and `progress`, the updates of all ranks applied into it."""
+    optimizer state and `progress`, the updates of all ranks applied into it; for the reset's accounting, the rank
+    it had, its own pushes and `clocks`, each rank's pushes in those updates."""
 
-    def __init__(self, weights, optimizer_state, progress: int):
+    def __init__(self, weights, optimizer_state, progress: int, rank: int, pushed: int, clocks: List[int]):
         self.weights, self.optimizer_state, self.progress = weights, optimizer_state, progress
+        self.rank, self.pushed, self.clocks = rank, pushed, clocks
+
+    def account(self) -> tuple:
+        """What the others need to count the reset's loss: (rank, own pushes, each rank's pushes in the model)."""
+        return self.rank, self.pushed, self.clocks
 
 
 class ElasticRun:
@@ -64,6 +70,13 @@ class ElasticRun:
         self.reset_s = 0.0                    # from a reset's start to the new engine's first step
         self._reset_at: Optional[float] = None
         self.recovered_from: List[int] = []   # per reset: the updates in the state the job resumed from (-1: Horovod's)
+        # per reset: the survivors' pushes not in the state resumed from (lost), those not yet in a tick each had
+        # applied itself (in flight), and the updates that state holds beyond the last commit of the new rank 0
+        # (what Horovod's restore of the commit would have lost besides)
+        self.lost: List[int] = []
+        self.in_flight: List[int] = []
+        self.beyond_commit: List[int] = []
+        self.committed = 0         # the updates in this rank's model at its latest commit
         self.heard = 0             # the latest change of the rank set announced to this rank (timestamp x 4 + kind)
         self.handled_s = 0         # the timestamp of the latest change this rank has reset for
         self.baseline_s = 0        # ... the latest any rank of this engine had reset for (agreed at its start)
@@ -94,7 +107,9 @@ class ElasticRun:
         snapshot (lowest rank among equals) becomes every rank's weights and optimizer state. Returns the job's
         common (epoch_ns, engine id)."""
         mine = self.snapshot.progress if self.snapshot is not None else -1
-        everyone = hvd.allgather_object((mine, *epoch_and_id, self.handled_s), name="hvd_elastic.elastic.start")
+        account = self.snapshot.account() if self.snapshot is not None else None
+        everyone = hvd.allgather_object((mine, *epoch_and_id, self.handled_s, account, self.committed),
+                                        name="hvd_elastic.elastic.start")
         self.baseline_s = max(e[3] for e in everyone)
         best = max(range(len(everyone)), key=lambda r: (everyone[r][0], -r))
         if everyone[best][0] >= 0:
@@ -105,8 +120,21 @@ class ElasticRun:
             hvd.broadcast_optimizer_state(self.optimizer, root_rank=best)
         if self.resets or self.snapshot is not None:
             self.recovered_from.append(int(everyone[best][0]))
+            self._account(everyone, best)
         self.snapshot = None
+        self.committed = max(everyone[best][0], 0)
         return everyone[0][1], max(e[2] for e in everyone)
+
+    def _account(self, everyone, best: int):
+        """The reset's loss, from every survivor's snapshot: its pushes not in the state resumed from, against
+        those it had in flight (not yet in a tick it had applied itself)."""
+        survivors = [e[4] for e in everyone if e[4] is not None]
+        clocks = everyone[best][4][2] if everyone[best][4] is not None else None
+        if clocks is None:
+            return
+        self.lost.append(sum(max(pushed - clocks[rank], 0) for rank, pushed, _ in survivors))
+        self.in_flight.append(sum(max(pushed - own[rank], 0) for rank, pushed, own in survivors))
+        self.beyond_commit.append(int(everyone[best][0]) - int(everyone[0][5]))
 
     def started(self):
         """The new engine runs: it carries what this rank has heard of changes of the rank set (one heard just
@@ -118,6 +146,7 @@ class ElasticRun:
         the timestamp of a change the ranks agree on through the ticks and have not reset for, or 0. Every rank
         applies the same ticks, so each sees the change at its first commit after the tick that carries it."""
         engine = self.session.engine
+        self.committed = engine.applied_contributions
         self.heard = max(self.heard, heard)
         engine.ticker.announce_hosts(self.heard)
         agreed_s = engine.ticker.handoff.hosts_announced() // 4
@@ -160,11 +189,14 @@ class ElasticRun:
             return
         weights = (engine.updates.global_model if engine.updates.local_step else self.state.flat.weights()).clone()
         state = copy.deepcopy(self.state.base.state_dict(self.optimizer))
-        self.snapshot = Snapshot(weights, state, engine.applied_contributions)
+        self.snapshot = Snapshot(weights, state, engine.applied_contributions, engine.rank, engine.pushed,
+                                 [int(c) for c in engine.view.clocks])
 
     def counters(self) -> dict:
         return {"elastic_resets": self.resets, "elastic_reset_s": round(self.reset_s, 3),
-                "elastic_resumed_from_updates": list(self.recovered_from)}
+                "elastic_resumed_from_updates": list(self.recovered_from),
+                "elastic_lost_updates": list(self.lost), "elastic_in_flight_updates": list(self.in_flight),
+                "elastic_beyond_commit_updates": list(self.beyond_commit)}
 
 
 _LIVE: List[ElasticRun] = []

@@ -25,7 +25,9 @@ step's batch included); ``audit_off=<samples whose count is not 1>``.
 Prints, per rank at the end: ``ELASTIC rank=<r> size=<n> batch=<b> sizes=<sizes seen by rank 0's state>
 digest=<crc32 of the weights> pushed=<pushes of the final ranks since the last reset> applied=<updates applied by
 this rank since then> resets=<resets this optimizer saw> resumed=<per reset: updates in the state resumed from, -1:
-the commit>``, and rank 0 the plugin's report (HVD_ELASTIC_REPORT is on).
+the commit> lost=<per reset: the survivors' pushes not in that state> in_flight=<... not yet in a tick each survivor
+had applied> beyond_commit=<the updates that state holds beyond the new rank 0's last commit>``, and rank 0 the
+plugin's report (HVD_ELASTIC_REPORT is on).
 """
 import argparse
 import os
@@ -156,4 +158,7 @@ print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.batch} "
       f"sizes={','.join(map(str, state.sizes))} digest={digest} "
       f"pushed={sum(c.get('pushed', 0) for c in counters)} applied={mine.get('applied_contributions', 0)} "
       f"resets={mine.get('elastic_resets', 0)} "
-      f"resumed={','.join(map(str, mine.get('elastic_resumed_from_updates', []))) or '-'}{audit}", flush=True)
+      f"resumed={','.join(map(str, mine.get('elastic_resumed_from_updates', []))) or '-'} "
+      f"lost={','.join(map(str, mine.get('elastic_lost_updates', []))) or '-'} "
+      f"in_flight={','.join(map(str, mine.get('elastic_in_flight_updates', []))) or '-'} "
+      f"beyond_commit={','.join(map(str, mine.get('elastic_beyond_commit_updates', []))) or '-'}{audit}", flush=True)

@@ -11,8 +11,8 @@ profiles). Events, in the job's global steps (batches of --batch-size samples):
 - at --add-at x --global-steps, the observer (the lowest rank on 127.0.0.1 at the start) lists the host again:
   the driver starts a new worker there, which joins at the next commit.
 Global steps: the lock-step arms (Horovod, lbbsp) count them in the state (a step of n ranks is n batches; lbbsp's is
-B / --batch-size whatever the ranks), committed and restored with the model; the tick policies count the updates in
-the model (the state each reset resumed from plus the current engine's).
+B / --batch-size whatever the ranks), committed and restored with the model; the tick policies ask
+hvd_elastic.torch.global_steps (the updates in the state each reset resumed from plus the current engine's).
 
 The observer keeps a snapshot of the weights (wbsp: the global model) every --eval-every of its steps, with the wall
 time since the job's start, and evaluates them after training; it also measures each reset's gap (from its last step
@@ -89,10 +89,7 @@ def main():
     state = hvd.elastic.TorchState(model=model, optimizer=opt, steps=0, t_start=time.time(), **extra)
 
     def global_steps() -> int:
-        if lockstep:
-            return state.steps
-        run = state_of(opt).elastic
-        return sum(r for r in run.recovered_from if r > 0) + hvde.global_steps(opt)
+        return state.steps if lockstep else hvde.global_steps(opt)
 
     def weights():
         if spec is not None and spec.deltas:

@@ -72,6 +72,10 @@ def _finals(res, np, steps, policy="bsp"):
     elif policy != "bsp":
         # nothing lost or applied twice since the last reset: every final rank applied every final rank's pushes
         assert {f["applied"] for f in finals} == {finals[0]["pushed"]} and int(finals[0]["pushed"]) > 0, finals
+        # the job's global steps over every reset: one count on every final rank, the joiners' included, above
+        # the last engine's pushes
+        assert len({f["global"] for f in finals}) == 1 and int(finals[0]["global"]) > int(finals[0]["pushed"]), \
+            finals
         assert max(int(f["resets"]) for f in finals) == len(sizes_seen(finals)) - 1, finals
     return finals[0]["sizes"].split(",")
 
@@ -96,14 +100,18 @@ JOBS = {
     "test_zipline_resumes_from_the_survivors_replica_not_the_last_commit": (
         {"HVD_ELASTIC_POLICY": "zipline"}, ["--commit-every", 10]),
     "test_lbbsp_survives_and_takes_every_sample_of_the_epoch_once": ({"HVD_ELASTIC_POLICY": "lbbsp"}, []),
+    "test_keras_fit_under_bsp_survives_a_killed_a_removed_and_two_added_workers": (
+        {"HVD_ELASTIC_POLICY": "bsp"}, ["--steps-per-epoch", 20]),
 }
+KERAS = ("elastic_keras.py", "--hosts-file", "{hosts}", "--np", "{np}")   # the Keras worker, for the jobs named keras
 PARALLEL = 2   # two side by side: each mostly waits for Horovod's driver between a worker's start-ups
 
 
 def _job(tmp_path_factory, name):
     env, extra = JOBS[name]
+    worker = {"worker": KERAS} if "keras" in name else {}
     cmd = _elastic_command(tmp_path_factory.mktemp("elastic"), "localhost:1\n127.0.0.1:1\n", 2, 1,
-                           extra=[*CHURN, *extra])
+                           extra=[*CHURN, *extra], **worker)
     return lambda: run(cmd, job_env(env), timeout=300)
 
 
@@ -149,7 +157,7 @@ def test_bsp_survives_a_killed_a_removed_and_two_added_workers(elastic_jobs):
 
 
 @pytest.mark.parametrize("name", [n for n in JOBS if "bsp_survives" not in n and "zipline" not in n
-                                  and "lbbsp" not in n], ids=lambda n: n.split("_")[1])
+                                  and "lbbsp" not in n and "keras" not in n], ids=lambda n: n.split("_")[1])
 def test_a_tick_policy_survives_and_resumes_from_a_survivors_replica(elastic_jobs, name):
     res, _ = _survived(elastic_jobs, name)
     # each of the four resets resumed from a survivor's replica (the updates it applied), none from a commit
@@ -172,6 +180,12 @@ def test_lbbsp_survives_and_takes_every_sample_of_the_epoch_once(elastic_jobs):
     again over the survivor, none twice), and rank 0's report counts the resets."""
     res, _ = _survived(elastic_jobs, "test_lbbsp_survives_and_takes_every_sample_of_the_epoch_once")
     assert res.lines_with("elastic Horovod: 4 reset(s) of the rank set"), res.output[-4000:]
+
+
+def test_keras_fit_under_bsp_survives_a_killed_a_removed_and_two_added_workers(elastic_jobs):
+    """Keras 3 model.fit through hvd_elastic.keras.elastic (KerasState, run, fit): every final rank at global batch
+    60 (3 epochs of 20: the epochs a reset cut short ran only the batches they still had) with identical weights."""
+    _survived(elastic_jobs, "test_keras_fit_under_bsp_survives_a_killed_a_removed_and_two_added_workers")
 
 
 def test_a_policy_without_elastic_support_is_refused_with_one_line_per_rank(tmp_path):

@@ -135,6 +135,8 @@ class SyncCallback(keras.callbacks.Callback):
             state.session.engine.finish()
 
     def on_train_end(self, logs=None):
+        if getattr(self.model, "_hvd_elastic_partial_fit", False):
+            return     # hvd_elastic.keras.elastic.fit: the rest of a cut epoch; the run goes on in the next fit
         self.report = self._state.finish()
 
 
@@ -276,4 +278,7 @@ def settings(optimizer):
 
 
 __all__ = ["DistributedOptimizer", "MetricAverageCallback", "SyncCallback", "WarmupSchedule", "batch_sizes",
-           "broadcast_variables", "global_steps", "lbbsp_dataset", "scale_lr", "settings"]
+           "broadcast_variables", "elastic", "global_steps", "lbbsp_dataset", "scale_lr", "settings"]
+
+
+from . import elastic  # noqa: E402  (hvd_elastic.keras.elastic: elastic Horovod for model.fit)

@@ -121,7 +121,8 @@ class _FlatVars:
 
 
 def _session(cfg: _config.Config) -> Session:
-    return Session(cfg, hvd.rank(), hvd.size(), lambda obj: hvd.allgather_object(obj, name="hvd_elastic.report"))
+    return Session(cfg, hvd.rank(), hvd.size(), lambda obj: hvd.allgather_object(obj, name="hvd_elastic.report"),
+                   lambda: (hvd.rank(), hvd.size()))
 
 
 class ElasticState:

@@ -77,6 +77,7 @@ class ElasticRun:
         self.in_flight: List[int] = []
         self.beyond_commit: List[int] = []
         self.committed = 0         # the updates in this rank's model at its latest commit
+        self.base = 0              # the job's steps in the model when the current engine started (all resets)
         self.heard = 0             # the latest change of the rank set announced to this rank (timestamp x 4 + kind)
         self.handled_s = 0         # the timestamp of the latest change this rank has reset for
         self.baseline_s = 0        # ... the latest any rank of this engine had reset for (agreed at its start)
@@ -108,7 +109,7 @@ class ElasticRun:
         common (epoch_ns, engine id)."""
         mine = self.snapshot.progress if self.snapshot is not None else -1
         account = self.snapshot.account() if self.snapshot is not None else None
-        everyone = hvd.allgather_object((mine, *epoch_and_id, self.handled_s, account, self.committed),
+        everyone = hvd.allgather_object((mine, *epoch_and_id, self.handled_s, account, self.committed, self.base),
                                         name="hvd_elastic.elastic.start")
         self.baseline_s = max(e[3] for e in everyone)
         best = max(range(len(everyone)), key=lambda r: (everyone[r][0], -r))
@@ -123,7 +124,14 @@ class ElasticRun:
             self._account(everyone, best)
         self.snapshot = None
         self.committed = max(everyone[best][0], 0)
+        # a survivor's count goes on from the state resumed from; a joiner's (base 0, no snapshot) takes it
+        self.base = max(everyone[best][6] + max(everyone[best][0], 0), max(e[6] for e in everyone))
         return everyone[0][1], max(e[2] for e in everyone)
+
+    def global_steps(self, engine_steps: int) -> int:
+        """The job's steps over every reset: those in the state the current engine started from, plus the engine's
+        (`engine_steps`)."""
+        return self.base + engine_steps
 
     def _account(self, everyone, best: int):
         """The reset's loss, from every survivor's snapshot: its pushes not in the state resumed from, against

@@ -203,6 +203,10 @@ class LbbspElastic:
         self.resets += 1
         self.reset_s += time.perf_counter() - self._elastic.reset_began()
 
+    def global_steps(self, steps: int) -> int:
+        """lock-step: the script counts the job's steps in its state, committed and synced with the model."""
+        return steps
+
     def counters(self) -> dict:
         return {"elastic_resets": self.resets, "elastic_reset_s": round(self.reset_s, 3)}
 

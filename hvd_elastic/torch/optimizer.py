@@ -380,8 +380,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
 
 def global_steps(optimizer) -> int:
     """Steps taken by all ranks together, as far as this rank knows (exact under bsp; under relaxed policies the
-    delivered clocks of the others plus this rank's own steps). Loop on it to train for a global step budget."""
-    return state_of(optimizer, "global_steps").session.global_steps()
+    delivered clocks of the others plus this rank's own steps; under elastic Horovod and a tick policy, over every
+    reset: the steps in the state each reset resumed from, on every rank, joiners included). Loop on it to train for
+    a global step budget."""
+    state = state_of(optimizer, "global_steps")
+    steps = state.session.global_steps()
+    return state.elastic.global_steps(steps) if state.elastic is not None else steps
 
 
 def settings(optimizer) -> _config.Config:

@@ -22,7 +22,8 @@ with lr B and no momentum, so that after the epoch seen[i] is the number of time
 weights -- 1 everywhere when every sample was taken exactly once over the resets (rolled-back steps and a failed
 step's batch included); ``audit_off=<samples whose count is not 1>``.
 
-Prints, per rank at the end: ``ELASTIC rank=<r> size=<n> batch=<b> sizes=<sizes seen by rank 0's state>
+Prints, per rank at the end: ``ELASTIC rank=<r> size=<n> batch=<b> global=<hvd_elastic.torch.global_steps: the job's
+steps over every reset> sizes=<sizes seen by rank 0's state>
 digest=<crc32 of the weights> pushed=<pushes of the final ranks since the last reset> applied=<updates applied by
 this rank since then> resets=<resets this optimizer saw> resumed=<per reset: updates in the state resumed from, -1:
 the commit> lost=<per reset: the survivors' pushes not in that state> in_flight=<... not yet in a tick each survivor
@@ -154,7 +155,7 @@ counters = [r["counters"] for r in report["ranks"]]
 mine = counters[hvd.rank()]
 # pushed: every final rank's pushes into the last engine (the one built after the last reset); applied: the updates
 # of all ranks in the ticks this rank applied -- equal when nothing was lost or applied twice since that reset
-print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.batch} "
+print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.batch} global={hvde.global_steps(opt)} "
       f"sizes={','.join(map(str, state.sizes))} digest={digest} "
       f"pushed={sum(c.get('pushed', 0) for c in counters)} applied={mine.get('applied_contributions', 0)} "
       f"resets={mine.get('elastic_resets', 0)} "

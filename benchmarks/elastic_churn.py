@@ -72,6 +72,7 @@ def main(argv=None):
     ap.add_argument("--policies", default="horovod,asp,zipline-R15,lbbsp,wbsp-overlap",
                     help=f"arms of benchmarks/matrix.py's POLICIES ({', '.join(POLICIES)})")
     ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds K..K+N-1 instead of 0..N-1")
     ap.add_argument("--global-steps", type=int, default=TASKS["mnist1d"]["budget"])
     ap.add_argument("--target", type=float, default=TASKS["mnist1d"]["target"])
     ap.add_argument("--commit-every", type=int, default=10)
@@ -85,7 +86,7 @@ def main(argv=None):
     workdir = tempfile.mkdtemp(prefix="hvde-churn-")
     write_task_data("mnist1d", os.path.join(workdir, "mnist1d.npz"))
     runs = []
-    for seed in range(opts.seeds):
+    for seed in range(opts.first_seed, opts.first_seed + opts.seeds):
         for arm in arms:
             res = run(arm, seed, opts, workdir)
             runs.append(res)

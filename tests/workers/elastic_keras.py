@@ -23,6 +23,8 @@ import keras  # noqa: E402
 
 import hvd_elastic.keras as hvdk  # noqa: E402
 
+import discovery  # noqa: E402
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--hosts-file", required=True)
 ap.add_argument("--np", type=int, default=2)
@@ -51,11 +53,7 @@ y = x.sum(1, keepdims=True)
 
 
 def write_hosts(slots):
-    tmp = args.hosts_file + ".tmp"
-    with open(tmp, "w") as f:
-        names = [h for h in args.host_names.split(",") if h]
-        f.write("".join(f"{h}:1\n" for h in names[:slots]) if names else f"localhost:{slots}\n")
-    os.replace(tmp, args.hosts_file)
+    discovery.write_hosts(args.hosts_file, slots, args.host_names)
 
 
 class Events(keras.callbacks.Callback):

@@ -42,6 +42,8 @@ import torch
 
 import hvd_elastic.torch as hvde
 
+import discovery
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--hosts-file", required=True)
 ap.add_argument("--np", type=int, default=3)
@@ -82,11 +84,7 @@ else:
 
 
 def write_hosts(slots):
-    tmp = args.hosts_file + ".tmp"
-    with open(tmp, "w") as f:
-        names = [h for h in args.host_names.split(",") if h]
-        f.write("".join(f"{h}:1\n" for h in names[:slots]) if names else f"localhost:{slots}\n")
-    os.replace(tmp, args.hosts_file)
+    discovery.write_hosts(args.hosts_file, slots, args.host_names)
 
 
 def train_step(seed):

@@ -1,0 +1,13 @@
+"""The elastic workers' host discovery file (printed by the job's discovery script): rank 0 rewrites it to remove or
+add a worker mid-run."""
+import os
+
+
+def write_hosts(path: str, slots: int, host_names: str = ""):
+    """List `slots` slots: the first `slots` hosts of the comma list `host_names` with one slot each (a cluster), or
+    ``localhost:<slots>``; written whole (a rename), so the driver never reads half a file."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        names = [h for h in host_names.split(",") if h]
+        f.write("".join(f"{h}:1\n" for h in names[:slots]) if names else f"localhost:{slots}\n")
+    os.replace(tmp, path)

@@ -8,7 +8,9 @@ Horovod elastic script (TorchState, ``@hvd.elastic.run``, ``state.commit()`` eve
   final rank 0 (its watchdog is off: the elastic driver owns lost ranks).
 - lbbsp (PyTorch, LbbspSampler in the TorchState): the same, and every sample of the epoch is in the final weights
   exactly once over the changes (the worker's audit).
-- a policy that does not run elastic (every policy but bsp on Keras) is refused at DistributedOptimizer() with one
+- Keras 3 model.fit (tests/workers/elastic_keras.py, hvd_elastic.keras.elastic) under bsp and two tick policies (ssp,
+  wbsp with overlap): the same checks as their PyTorch jobs.
+- a policy that does not run elastic (lbbsp on Keras, the tick policies in TensorFlow custom loops) is refused at DistributedOptimizer() with one
   line naming the setting and the policies that do, on every rank, and the job ends non-zero.
 
 A killed worker is recovered from here only (tests/test_multihost.py removes a host and adds it back, on a cluster
@@ -102,6 +104,10 @@ JOBS = {
     "test_lbbsp_survives_and_takes_every_sample_of_the_epoch_once": ({"HVD_ELASTIC_POLICY": "lbbsp"}, []),
     "test_keras_fit_under_bsp_survives_a_killed_a_removed_and_two_added_workers": (
         {"HVD_ELASTIC_POLICY": "bsp"}, ["--steps-per-epoch", 20]),
+    "test_keras_fit_under_ssp_survives_and_resumes_from_a_survivors_replica": (
+        {"HVD_ELASTIC_POLICY": "ssp"}, ["--steps-per-epoch", 20]),
+    "test_keras_fit_under_wbsp_with_overlap_survives_and_resumes_from_a_survivors_replica": (
+        {"HVD_ELASTIC_POLICY": "wbsp", "HVD_ELASTIC_WBSP_OVERLAP": "1"}, ["--steps-per-epoch", 20]),
 }
 KERAS = ("elastic_keras.py", "--hosts-file", "{hosts}", "--np", "{np}")   # the Keras worker, for the jobs named keras
 PARALLEL = 2   # two side by side: each mostly waits for Horovod's driver between a worker's start-ups
@@ -186,6 +192,17 @@ def test_keras_fit_under_bsp_survives_a_killed_a_removed_and_two_added_workers(e
     """Keras 3 model.fit through hvd_elastic.keras.elastic (KerasState, run, fit): every final rank at global batch
     60 (3 epochs of 20: the epochs a reset cut short ran only the batches they still had) with identical weights."""
     _survived(elastic_jobs, "test_keras_fit_under_bsp_survives_a_killed_a_removed_and_two_added_workers")
+
+
+@pytest.mark.parametrize("name", [n for n in JOBS if "keras" in n and "bsp_survives" not in n],
+                         ids=lambda n: n.split("_under_")[1].split("_survives")[0])
+def test_keras_fit_under_a_tick_policy_survives_and_resumes_from_a_survivors_replica(elastic_jobs, name):
+    """Keras 3 model.fit under a tick policy (a gradient policy with a gate; wbsp with overlap, whose replica is the
+    global model): the same four changes, every final rank at global batch 60 with identical weights, the final
+    ranks' pushes all applied, each reset resumed from a survivor's replica with no more lost than was in flight."""
+    res, _ = _survived(elastic_jobs, name)
+    resumed = _resumed(res)
+    assert len(resumed) == 4 and all(r > 0 for r in resumed), resumed
 
 
 def test_a_policy_without_elastic_support_is_refused_with_one_line_per_rank(tmp_path):

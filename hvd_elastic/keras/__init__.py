@@ -131,11 +131,13 @@ class SyncCallback(keras.callbacks.Callback):
         # every update, every rank ends with the same weights, and the others run free meanwhile.
         state = self._state
         last = self.model.stop_training or epoch + 1 >= int(self.params.get("epochs") or 0)
+        if getattr(self.model, "_hvd_elastic_partial_fit", False) and not self.model.stop_training:
+            return     # hvd_elastic.keras.elastic.fit: the rest of a cut epoch; the next fit goes on with the engine
         if last and state.session.engine is not None:
             state.session.engine.finish()
 
     def on_train_end(self, logs=None):
-        if getattr(self.model, "_hvd_elastic_partial_fit", False):
+        if getattr(self.model, "_hvd_elastic_partial_fit", False) and not self.model.stop_training:
             return     # hvd_elastic.keras.elastic.fit: the rest of a cut epoch; the run goes on in the next fit
         self.report = self._state.finish()
 

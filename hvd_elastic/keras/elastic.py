@@ -1,6 +1,6 @@
 """Elastic Horovod for Keras 3 ``model.fit`` (``horovodrun --elastic``), built on ``horovod.tensorflow`` only:
 Horovod's own Keras elastic state (``horovod.tensorflow.elastic.TensorFlowKerasState``) calls ``optimizer.variables()``,
-a list in Keras 3, and fails at its first save. Under policy bsp (the one the Keras frontend runs elastic)::
+a list in Keras 3, and fails at its first save. Under bsp and the tick policies (lbbsp is refused)::
 
     import horovod.tensorflow as hvd
     import hvd_elastic.keras as hvdk
@@ -25,7 +25,11 @@ a list in Keras 3, and fails at its first save. Under policy bsp (the one the Ke
   raised as it is).
 - :func:`fit` runs model.fit from where the state stands (``state.epoch``, ``state.batch``) and commits as it goes:
   an epoch cut short by a reset runs only the batches it still had (Keras 3's fit cannot start an epoch mid-way, so
-  that part is a fit of its own), so the job takes ``epochs x steps_per_epoch`` steps whatever the resets.
+  that part is a fit of its own), so each rank takes ``epochs x steps_per_epoch`` steps whatever the resets.
+- Under a tick policy a reset goes through hvd_elastic/elastic.py: the engine stops before Horovod shuts down
+  (:func:`run`'s reset), the most advanced replica is kept before the commit comes back (:meth:`KerasState.restore`),
+  a commit is local and the ranks agree on a change of the rank set through the ticks
+  (:meth:`KerasState.check_host_updates`), and the next fit's engine starts from the best survivor's replica.
 """
 from __future__ import annotations
 
@@ -36,6 +40,8 @@ import tensorflow as tf
 from horovod.common.elastic import ObjectState, run_fn
 from horovod.common.exceptions import HorovodInternalError
 
+from .. import elastic as _elastic
+from ..engine.ticker import TickerError
 from ..tensorflow._core import broadcast_variables
 
 
@@ -71,9 +77,14 @@ class KerasState(ObjectState):
         super().save()
 
     def restore(self):
+        _elastic.keep_replicas()    # a tick policy's most advanced replica, before the commit comes back
         for v, saved in zip(self._variables(), self._saved):
             v.assign(saved)
         super().restore()
+
+    def check_host_updates(self):
+        """Horovod's check at every commit; under a tick policy through the ticks (hvd_elastic.elastic)."""
+        _elastic.check_host_updates(self, super().check_host_updates)
 
     def sync(self):
         broadcast_variables(self._variables(), root_rank=0, name="hvd_elastic.keras.state.vars")
@@ -95,9 +106,13 @@ def run(func):
             if _horovod_op_failed(e):
                 raise HorovodInternalError(e) from e
             raise
+        except TickerError as e:    # a tick policy's tick thread met Horovod's failure
+            raise _elastic.ElasticRun.failed(e) from e
 
     def reset():
+        stopped = _elastic.stop_engines()    # a tick policy's engine stops before Horovod shuts down
         hvd.shutdown()
+        _elastic.join_stopped(stopped)
         hvd.init()
 
     return run_fn(wrapper, reset)
@@ -152,8 +167,9 @@ def fit(model, state: KerasState, x=None, y=None, *, epochs: int, steps_per_epoc
         # a reset came after the epoch's last batch, before its end was counted: the epoch is done
         state.epoch, state.batch = state.epoch + 1, 0
     if 0 < state.batch < steps_per_epoch and state.epoch < epochs:
-        # the epoch a reset cut short: its remaining batches; the run's report waits for the last fit
-        model._hvd_elastic_partial_fit = True
+        # the epoch a reset cut short: its remaining batches; where more epochs follow, the run (its engine, its
+        # report) goes on in the next fit
+        model._hvd_elastic_partial_fit = state.epoch + 1 < epochs
         try:
             model.fit(x, y, epochs=state.epoch + 1, initial_epoch=state.epoch,
                       steps_per_epoch=steps_per_epoch - state.batch,
@@ -161,6 +177,8 @@ def fit(model, state: KerasState, x=None, y=None, *, epochs: int, steps_per_epoc
                       **kwargs)
         finally:
             model._hvd_elastic_partial_fit = False
+        if model.stop_training:     # SyncCallback's global_steps budget: the run has ended
+            return None
     if state.epoch < epochs:
         history = model.fit(x, y, epochs=epochs, initial_epoch=state.epoch, steps_per_epoch=steps_per_epoch,
                             callbacks=[_Count(state, 0), *callbacks, _Commit(state, int(batches_per_commit))],

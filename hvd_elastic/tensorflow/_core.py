@@ -139,6 +139,7 @@ class ElasticState:
         self.buffers: Optional[List[tf.Variable]] = None
         self.started = False
         self.apply_flat = None
+        self.elastic = None    # elastic Horovod under a tick policy (tensorflow/elastic.py)
 
     @property
     def cfg(self) -> _config.Config:
@@ -154,6 +155,8 @@ class ElasticState:
     def start(self, trainable_variables, model_variables=None, root_rank: int = 0, mode: Optional[str] = None):
         """Collective: build the optimizer, broadcast weights and optimizer state from `root_rank`, start the
         engine for relaxed policies. `mode` overrides the apply mode (model.fit: defer / local)."""
+        if self.elastic is not None and self.elastic.ticking():
+            return     # hvd_elastic.keras.elastic.fit: the rest of a cut epoch, in a fit of its own; the engine runs on
         opt = self.optimizer
         trainable_variables = list(trainable_variables)
         if not opt.built:
@@ -167,8 +170,14 @@ class ElasticState:
             self._build_flat(trainable_variables)
         if self.session.lbbsp is not None:
             self.session.lbbsp.bind(self.flat.numel, self.flat.dtype)
+        elif spec.ticks and _config.horovod_elastic():
+            # built now and again after each reset, for the ranks of the moment, from the most advanced replica
+            if self.elastic is None:
+                from .elastic import elastic_run
+                self.elastic = elastic_run(self)
+            self.elastic.before_step()
         elif spec.ticks:
-            self._start_engine()
+            self.start_engine()
         self.started = True
         self.session.last_step_end = time.perf_counter()
 
@@ -187,9 +196,15 @@ class ElasticState:
 
         self.apply_flat = apply_flat
 
-    def _start_engine(self):
+    def start_engine(self, recover=None):
+        """Collective: the engine for the current ranks; recover(epoch_and_id) (elastic Horovod) brings every rank to
+        one state first and returns the job's (epoch_ns, engine id)."""
         s, flat, apply_flat = self.session, self.flat, self.apply_flat
-        epoch_ns = hvd.broadcast_object(time.time_ns(), root_rank=0, name="hvd_elastic.epoch")
+        if recover is not None:
+            s.follow_ranks()
+            epoch_ns, _ = recover((time.time_ns(), 0))
+        else:
+            epoch_ns = hvd.broadcast_object(time.time_ns(), root_rank=0, name="hvd_elastic.epoch")
         buffers = TfBuffers(flat.dtype)
         s.start_engine(Frontend(flat.numel, buffers, _allreduce_sum, tick_name="hvd_elastic.tick", epoch_ns=epoch_ns,
                                 # momentum per tick: a Keras optimizer's momentum is a constant of its compiled step
@@ -240,7 +255,8 @@ class ElasticState:
         return self.flat.flatten(self.buffers)
 
     def global_steps(self) -> int:
-        return self.session.global_steps()
+        steps = self.session.global_steps()
+        return self.elastic.global_steps(steps) if self.elastic is not None else steps
 
 
 # Horovod's Keras DistributedOptimizer keyword arguments (horovod.tensorflow.keras, v0.28.1) and their defaults.

@@ -1,272 +1,78 @@
-"""Elastic Horovod (``horovodrun --elastic``, ``@hvd.elastic.run``) under the tick policies (PyTorch); lbbsp counts
-Horovod's resets here (:func:`resets`) and rebuilds its batch plan on its own (torch/lbbsp.py, LbbspElastic).
+"""Elastic Horovod (``horovodrun --elastic``, ``@hvd.elastic.run``) under the tick policies, PyTorch's side: the
+framework-free part is hvd_elastic/elastic.py; here Horovod's PyTorch elastic loop is routed through it
+(:func:`install`) and :class:`TorchReplica` copies, loads and broadcasts the model and optimizer. lbbsp counts
+Horovod's resets here too (:func:`resets`) and rebuilds its batch plan on its own (torch/lbbsp.py, LbbspElastic).
 
-Horovod re-forms the job when the rank set changes: a collective fails (HorovodInternalError: every rank restores
-its last ``state.commit()``) or the driver reports new or removed hosts at a commit (HostsUpdatedInterrupt), then
-``hvd.elastic.run`` shuts Horovod down, initialises it again and syncs the state from rank 0. A tick policy's engine
-is sized for one rank set, so around that reset the plugin:
-
-- surfaces a failed tick as HorovodInternalError on the training thread (the engine's TickerError, raised by
-  step(), carries Horovod's error), so Horovod's elastic loop handles it as it handles its own allreduce's;
-- stops every live engine's tick thread before Horovod shuts down, without a collective (``horovod.torch.elastic``'s
-  reset calls :func:`_stop_engines_then_shutdown`); pushes not in a completed tick are dropped on every rank alike;
-- keeps the most advanced replica: when Horovod is about to restore the last commit after a failure
-  (``TorchState.restore`` runs :meth:`ElasticRun.keep_replica` first), or at a reset without a failure, each
-  survivor snapshots its model -- the gradient policies' replica after the ticks it applied (every rank applies the
-  same ticks in the same order, so each survivor holds a valid state), wbsp's global model W -- with the count of
-  updates in it, and its optimizer state;
-- makes ``state.commit()`` local: Horovod's ``check_host_updates`` broadcasts rank 0's view of the rank set at every
-  commit, a barrier that would hold every rank to the same number of commits, and so of steps; while a tick engine
-  runs, the ranks agree on the driver's announcements through the ticks instead (each rank's latest in its row of
-  the tick table, engine/table.py HOSTS), and each raises HostsUpdatedInterrupt at its first commit after the tick
-  that carries a change, always with Horovod's sync after the reset (the ranks raise at different steps);
-- builds a new engine at the first step() after the reset (collective: every rank, new ones included, is there
-  after Horovod's sync), for the new ranks, from the snapshot of the survivor that applied the most updates (its
-  weights and optimizer state broadcast to every rank), or from the state Horovod synced where no survivor has
-  one. The engine's clocks, gates, barriers and tick table start afresh over the new ranks.
-
-So a reset loses at most the updates in flight when it happened, not the steps since the last commit. The rest of
-what TorchState holds (the model's buffers, the script's own counters such as ``state.batch``) comes back from the
-commit, as under Horovod. docs/horovod-compat.md, "Elastic Horovod".
+- hvd.elastic.run's reset (``horovod.torch.elastic``'s shutdown) stops every live engine first;
+- ``TorchState.restore`` (after a failure) keeps every live engine's replica first;
+- ``TorchState.check_host_updates`` (every commit) goes through the ticks while an engine runs.
+docs/horovod-compat.md, "Elastic Horovod".
 """
 from __future__ import annotations
 
 import copy
-import time
-from typing import List, Optional
 
 import horovod.torch as hvd
 import horovod.torch.elastic as _horovod_elastic
-from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from horovod.torch.elastic.state import TorchState
 
-from ..engine.ticker import TickerError
-
-STOP_WAIT_S = 10.0   # how long a reset waits for a stopped tick thread to end after Horovod's shutdown
-
-
-class Snapshot:
-    """A survivor's model at a reset: flat weights (gradient policies: the replica; wbsp: the global model W), the
-    optimizer state and `progress`, the updates of all ranks applied into it; for the reset's accounting, the rank
-    it had, its own pushes and `clocks`, each rank's pushes in those updates."""
-
-    def __init__(self, weights, optimizer_state, progress: int, rank: int, pushed: int, clocks: List[int]):
-        self.weights, self.optimizer_state, self.progress = weights, optimizer_state, progress
-        self.rank, self.pushed, self.clocks = rank, pushed, clocks
-
-    def account(self) -> tuple:
-        """What the others need to count the reset's loss: (rank, own pushes, each rank's pushes in the model)."""
-        return self.rank, self.pushed, self.clocks
+from .. import elastic as _elastic
+from ..elastic import ElasticRun, Replica, reset_began, resets   # noqa: F401  (resets, reset_began: lbbsp)
 
 
-class ElasticRun:
-    """One relaxed optimizer's side of elastic Horovod: what its engine was, and what the next one starts from."""
+class TorchReplica(Replica):
+    """A wrapped PyTorch optimizer's model (its flat parameters) and optimizer state."""
 
-    def __init__(self, optimizer, state, start_engine):
-        self.optimizer, self.state, self.session = optimizer, state, state.session
-        self._start_engine = start_engine     # builds the engine for the current rank set (optimizer.py)
-        self.snapshot: Optional[Snapshot] = None
-        self.resets = 0
-        self.reset_s = 0.0                    # from a reset's start to the new engine's first step
-        self._reset_at: Optional[float] = None
-        self.recovered_from: List[int] = []   # per reset: the updates in the state the job resumed from (-1: Horovod's)
-        # per reset: the survivors' pushes not in the state resumed from (lost), those not yet in a tick each had
-        # applied itself (in flight), and the updates that state holds beyond the last commit of the new rank 0
-        # (what Horovod's restore of the commit would have lost besides)
-        self.lost: List[int] = []
-        self.in_flight: List[int] = []
-        self.beyond_commit: List[int] = []
-        self.committed = 0         # the updates in this rank's model at its latest commit
-        self.base = 0              # the job's steps in the model when the current engine started (all resets)
-        self.heard = 0             # the latest change of the rank set announced to this rank (timestamp x 4 + kind)
-        self.handled_s = 0         # the timestamp of the latest change this rank has reset for
-        self.baseline_s = 0        # ... the latest any rank of this engine had reset for (agreed at its start)
-        _LIVE.append(self)
+    def __init__(self, optimizer, state):
+        self.optimizer, self.state = optimizer, state
 
-    # ---- the training thread ---------------------------------------------------------------------------------
-    def before_step(self):
-        """At step(): build the engine if there is none (the first step, or the first after a reset)."""
-        engine = self.session.engine
-        if engine is not None and not engine.abandoned:
-            return
-        if engine is not None:                       # a reset happened: the old engine is dead
-            self.session.engine = None
-            self.resets += 1
-        self._start_engine(self._recover)
-        self.started()
-        if self._reset_at is not None:
-            self.reset_s += time.perf_counter() - self._reset_at
-            self._reset_at = None
+    def allgather(self, obj, name):
+        return hvd.allgather_object(obj, name=name)
 
-    def failed(self, error: TickerError) -> BaseException:
-        """step() met the tick thread's failure: the error Horovod's elastic loop expects."""
-        cause = error.__cause__ if error.__cause__ is not None else error
-        return HorovodInternalError(f"hvd_elastic: the ticks failed: {cause}")
+    def capture(self, engine):
+        weights = engine.updates.global_model if engine.updates.local_step else self.state.flat.weights()
+        return weights.clone(), copy.deepcopy(self.state.base.state_dict(self.optimizer))
 
-    def _recover(self, epoch_and_id):
-        """Collective, at a new engine's start: every rank learns every survivor's progress; the most advanced
-        snapshot (lowest rank among equals) becomes every rank's weights and optimizer state. Returns the job's
-        common (epoch_ns, engine id)."""
-        mine = self.snapshot.progress if self.snapshot is not None else -1
-        account = self.snapshot.account() if self.snapshot is not None else None
-        everyone = hvd.allgather_object((mine, *epoch_and_id, self.handled_s, account, self.committed, self.base),
-                                        name="hvd_elastic.elastic.start")
-        self.baseline_s = max(e[3] for e in everyone)
-        best = max(range(len(everyone)), key=lambda r: (everyone[r][0], -r))
-        if everyone[best][0] >= 0:
-            if hvd.rank() == best:
-                self.state.flat.set_weights(self.snapshot.weights)
-                self.optimizer.load_state_dict(self.snapshot.optimizer_state)
-            self.state.flat.broadcast_weights(root_rank=best)
-            hvd.broadcast_optimizer_state(self.optimizer, root_rank=best)
-        if self.resets or self.snapshot is not None:
-            self.recovered_from.append(int(everyone[best][0]))
-            self._account(everyone, best)
-        self.snapshot = None
-        self.committed = max(everyone[best][0], 0)
-        # a survivor's count goes on from the state resumed from; a joiner's (base 0, no snapshot) takes it
-        self.base = max(everyone[best][6] + max(everyone[best][0], 0), max(e[6] for e in everyone))
-        return everyone[0][1], max(e[2] for e in everyone)
+    def load(self, weights, optimizer_state):
+        self.state.flat.set_weights(weights)
+        self.optimizer.load_state_dict(optimizer_state)
 
-    def global_steps(self, engine_steps: int) -> int:
-        """The job's steps over every reset: those in the state the current engine started from, plus the engine's
-        (`engine_steps`)."""
-        return self.base + engine_steps
-
-    def _account(self, everyone, best: int):
-        """The reset's loss, from every survivor's snapshot: its pushes not in the state resumed from, against
-        those it had in flight (not yet in a tick it had applied itself)."""
-        survivors = [e[4] for e in everyone if e[4] is not None]
-        clocks = everyone[best][4][2] if everyone[best][4] is not None else None
-        if clocks is None:
-            return
-        self.lost.append(sum(max(pushed - clocks[rank], 0) for rank, pushed, _ in survivors))
-        self.in_flight.append(sum(max(pushed - own[rank], 0) for rank, pushed, own in survivors))
-        self.beyond_commit.append(int(everyone[best][0]) - int(everyone[0][5]))
-
-    def started(self):
-        """The new engine runs: it carries what this rank has heard of changes of the rank set (one heard just
-        before a reset is not lost with the old engine; one every rank has reset for is below the baseline)."""
-        self.session.engine.ticker.announce_hosts(self.heard)
-
-    def hosts_changed(self, heard: int) -> int:
-        """At a commit: announce the latest change of the rank set this rank has heard of (0: none new) and return
-        the timestamp of a change the ranks agree on through the ticks and have not reset for, or 0. Every rank
-        applies the same ticks, so each sees the change at its first commit after the tick that carries it."""
-        engine = self.session.engine
-        self.committed = engine.applied_contributions
-        self.heard = max(self.heard, heard)
-        engine.ticker.announce_hosts(self.heard)
-        agreed_s = engine.ticker.handoff.hosts_announced() // 4
-        if agreed_s > max(self.baseline_s, self.handled_s):
-            self.handled_s = agreed_s
-            return agreed_s
-        return 0
-
-    def ticking(self) -> bool:
-        """This optimizer's engine runs: built, not stopped for a reset, not finished."""
-        engine = self.session.engine
-        return engine is not None and not engine.abandoned and not engine.finished
-
-    # ---- the reset (hvd.elastic.run) ---------------------------------------------------------------------------
-    def keep_replica(self):
-        """Horovod is about to restore the last commit after a failure: keep this replica first."""
-        if self.ticking():
-            self._take_snapshot()
-
-    def stop(self):
-        """The reset: stop this optimizer's engine (returned, for the join after Horovod's shutdown), None if none
-        runs."""
-        if not self.ticking():
-            return None
-        engine = self.session.engine
-        self._reset_at = time.perf_counter()
-        # HostsUpdatedInterrupt: nothing was restored, so the replica as it stands is kept (with the ticks completed
-        # so far applied, while the ticks still run: another rank may have reset first and stopped them). After a
-        # failure the replica was kept before Horovod's restore (keep_replica): _take_snapshot keeps that one.
-        try:
-            engine.abandon(drain=not engine.ticker.stopped)
-        except TickerError:   # the ticks stopped while it applied them: the replica as it stands
-            engine.abandon()
-        self._take_snapshot()
-        return engine
-
-    def _take_snapshot(self):
-        engine = self.session.engine
-        if engine is None or self.snapshot is not None:
-            return
-        weights = (engine.updates.global_model if engine.updates.local_step else self.state.flat.weights()).clone()
-        state = copy.deepcopy(self.state.base.state_dict(self.optimizer))
-        self.snapshot = Snapshot(weights, state, engine.applied_contributions, engine.rank, engine.pushed,
-                                 [int(c) for c in engine.view.clocks])
-
-    def counters(self) -> dict:
-        return {"elastic_resets": self.resets, "elastic_reset_s": round(self.reset_s, 3),
-                "elastic_resumed_from_updates": list(self.recovered_from),
-                "elastic_lost_updates": list(self.lost), "elastic_in_flight_updates": list(self.in_flight),
-                "elastic_beyond_commit_updates": list(self.beyond_commit)}
+    def broadcast(self, root_rank):
+        self.state.flat.broadcast_weights(root_rank=root_rank)
+        hvd.broadcast_optimizer_state(self.optimizer, root_rank=root_rank)
 
 
-_LIVE: List[ElasticRun] = []
+def elastic_run(optimizer, state, start_engine) -> ElasticRun:
+    """The optimizer's side of elastic Horovod; Horovod's elastic loop is routed through hvd_elastic first."""
+    install()
+    return ElasticRun(TorchReplica(optimizer, state), state.session, start_engine)
+
+
 _HOROVOD = {"shutdown": None, "restore": None, "check_host_updates": None}
-_RESETS = {"count": 0, "at": 0.0}   # Horovod resets in this process, and when the latest began (perf_counter)
-
-
-def resets() -> int:
-    """How many times hvd.elastic.run has reset Horovod in this process (lbbsp rebuilds its plan when it moves)."""
-    return _RESETS["count"]
-
-
-def reset_began() -> float:
-    """perf_counter() when the latest reset began."""
-    return _RESETS["at"]
-
-
-def _live() -> List[ElasticRun]:
-    """The elastic runs of optimizers not finished yet (finished ones are dropped)."""
-    _LIVE[:] = [run for run in _LIVE if run.session.report is None]
-    return _LIVE
 
 
 def _stop_engines_then_shutdown():
     """horovod.torch.elastic's shutdown during a reset: stop every live engine's ticks, shut Horovod down (a tick
     under way fails there), then wait for the tick threads to end before Horovod is initialised again."""
-    _RESETS["count"] += 1
-    _RESETS["at"] = time.perf_counter()
-    stopped = [e for e in (run.stop() for run in _live()) if e is not None]
+    stopped = _elastic.stop_engines()
     _HOROVOD["shutdown"]()
-    for engine in stopped:
-        engine.ticker.join(STOP_WAIT_S, check=False)
+    _elastic.join_stopped(stopped)
 
 
 def _check_host_updates_through_ticks(self):
-    """TorchState.check_host_updates (every commit) while a tick engine runs: Horovod's version broadcasts rank 0's
-    view of the rank set at every commit (a barrier per commit); here the ranks agree through the ticks instead, so a
-    commit is local (save() alone). A change the ranks agree on raises HostsUpdatedInterrupt, always with Horovod's
-    sync after the reset: the ranks raise at different steps, and the sync gives them rank 0's counters."""
-    runs = [run for run in _live() if run.ticking()]
-    if not runs:
-        return _HOROVOD["check_host_updates"](self)
-    heard = 0
-    while not self._host_messages.empty():
-        timestamp, update = self._host_messages.get()
-        heard = max(heard, int(timestamp) * 4 + int(update))
-    agreed_s = max(run.hosts_changed(heard) for run in runs)
-    if agreed_s > self._last_updated_timestamp:
-        self._last_updated_timestamp = agreed_s
-        raise HostsUpdatedInterrupt(False)
+    """TorchState.check_host_updates: through the ticks while an engine runs (hvd_elastic.elastic)."""
+    _elastic.check_host_updates(self, lambda: _HOROVOD["check_host_updates"](self))
 
 
 def _keep_replicas_then_restore(self):
     """TorchState.restore (after a failure, before the reset): every live engine's replica is kept first."""
-    for run in _live():
-        run.keep_replica()
+    _elastic.keep_replicas()
     _HOROVOD["restore"](self)
 
 
 def install():
-    """Route hvd.elastic.run's reset through :func:`_stop_engines_then_shutdown`, and TorchState.restore through
-    :func:`_keep_replicas_then_restore` (once per process)."""
+    """Route hvd.elastic.run's reset through :func:`_stop_engines_then_shutdown`, TorchState.restore through
+    :func:`_keep_replicas_then_restore` and TorchState.check_host_updates through the ticks (once per process)."""
     if _HOROVOD["shutdown"] is None:
         _HOROVOD["shutdown"], _horovod_elastic.shutdown = _horovod_elastic.shutdown, _stop_engines_then_shutdown
         _HOROVOD["restore"], TorchState.restore = TorchState.restore, _keep_replicas_then_restore

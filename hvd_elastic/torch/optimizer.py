@@ -203,9 +203,8 @@ def _build_relaxed(optimizer, state: Attached, backward_passes_per_step: int = 1
     if _config.horovod_elastic():
         # Elastic Horovod: a worker that joins builds its optimizer while the others sync; the engine is built at
         # the first step() (and again after each reset), where every rank is (torch/elastic.py).
-        from . import elastic
-        elastic.install()
-        state.elastic = elastic.ElasticRun(optimizer, state, start)
+        from .elastic import elastic_run
+        state.elastic = elastic_run(optimizer, state, start)
         state.backward = BackwardPush(flat, session, names, False)
     else:
         start()

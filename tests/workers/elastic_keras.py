@@ -1,11 +1,12 @@
-"""A Horovod elastic job (horovodrun --elastic, Gloo) with Keras 3 model.fit under hvd_elastic.keras (policy bsp):
+"""A Horovod elastic job (horovodrun --elastic, Gloo) with Keras 3 model.fit under hvd_elastic.keras (any policy that
+runs elastic on Keras, HVD_ELASTIC_POLICY):
 hvd_elastic.keras.elastic.KerasState, run and fit, as the Keras elastic recipe of docs/keras.md writes it. The rank set
 changes mid-run as in tests/workers/elastic_torch.py (--kill-at: the worker on 127.0.0.1 SIGKILLs itself once;
 --remove-at / --add-at: rank 0 rewrites the discovery file; --wait STEP:SIZE: at that global batch every rank commits
 until the job has SIZE ranks), counted in global batches (epoch x --steps-per-epoch + batch).
 
-Prints, per rank at the end: ``ELASTIC rank=<r> size=<n> batch=<global batches done> sizes=<sizes seen by rank 0's
-state> digest=<crc32 of the weights> resets=<-> resumed=-``, and rank 0 the plugin's report.
+Prints, per rank at the end, the line of tests/workers/elastic_torch.py (batch: global batches done), and rank 0 the
+plugin's report.
 """
 import argparse
 import os
@@ -37,6 +38,7 @@ ap.add_argument("--wait", action="append", default=[], help="STEP:SIZE")
 ap.add_argument("--host-names", default="")
 ap.add_argument("--step-sleep", type=float, default=0.05)
 ap.add_argument("--commit-every", type=int, default=1)
+ap.add_argument("--wait-sleep", type=float, default=1.0, help="tick policies: a step's length while a wait is not met")
 args = ap.parse_args()
 waits = dict(tuple(map(int, w.split(":"))) for w in args.wait)
 epochs = args.steps // args.steps_per_epoch
@@ -56,6 +58,30 @@ def write_hosts(slots):
     discovery.write_hosts(args.hosts_file, slots, args.host_names)
 
 
+# Under bsp a wait STEP:SIZE holds every rank at that batch, committing, until the job has SIZE ranks. Under a tick
+# policy a change of the rank set reaches the ranks through the ticks, which run while the ranks train (only rank 0
+# hears the driver, and an idle rank joins no tick): a wait there slows each step to --wait-sleep instead while the
+# job does not have SIZE ranks yet (from STEP until the next wait's STEP), and a removal or an addition is made at the
+# first batch from its step on at which the wait before it is met.
+TICKS = os.environ.get("HVD_ELASTIC_POLICY", "bsp") != "bsp"
+
+
+def wait_at(done, before=False):
+    """The wait in force at batch `done` (before=True: the last one strictly before it), or None."""
+    steps = [w for w in sorted(waits) if (w < done if before else w <= done)]
+    return steps[-1] if steps else None
+
+
+def due(done, at, marker):
+    """A removal or an addition scheduled at batch `at`: whether rank 0 makes it now (once)."""
+    if hvd.rank() != 0 or at < 0 or os.path.exists(marker):
+        return False
+    if not TICKS:
+        return done == at
+    prior = wait_at(at, before=True)
+    return done >= at and (prior is None or hvd.size() == waits[prior])
+
+
 class Events(keras.callbacks.Callback):
     """The rank-set changes, at known global batches (fit counts the batch before this callback, commits after)."""
 
@@ -63,10 +89,10 @@ class Events(keras.callbacks.Callback):
         done = state.epoch * args.steps_per_epoch + state.batch
         if not state.sizes or state.sizes[-1] != hvd.size():
             state.sizes = state.sizes + [hvd.size()]
-        if hvd.rank() == 0 and done == args.remove_at:
-            write_hosts(args.np - 1)
-        if hvd.rank() == 0 and done == args.add_at:
-            write_hosts(args.np)
+        for at, slots, name in ((args.remove_at, args.np - 1, "removed"), (args.add_at, args.np, "added")):
+            if due(done, at, f"{args.hosts_file}.{name}"):
+                open(f"{args.hosts_file}.{name}", "w").close()
+                write_hosts(slots)
         marker = args.hosts_file + ".killed"
         if done == args.kill_at and os.environ.get("HOROVOD_HOSTNAME") == "127.0.0.1" \
                 and not os.path.exists(marker):
@@ -74,6 +100,11 @@ class Events(keras.callbacks.Callback):
             print(f"KILLED rank={hvd.rank()} at batch {done}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(args.step_sleep)
+        if TICKS:
+            w = wait_at(done)
+            if w is not None and hvd.size() != waits[w]:
+                time.sleep(args.wait_sleep)
+            return
         while done in waits and hvd.size() != waits[done]:
             time.sleep(0.2)
             state.commit()      # raises HostsUpdatedInterrupt once the driver has changed the rank set
@@ -93,5 +124,19 @@ def train(state):
 train(state)
 weights = np.concatenate([np.asarray(v.numpy()).ravel() for v in model.trainable_variables])
 digest = zlib.crc32(np.ascontiguousarray(weights).tobytes())
+counters = [r["counters"] for r in sync.report["ranks"]]
+mine = counters[hvd.rank()]
+
+
+def per_reset(key):
+    return ",".join(map(str, mine.get(key, []))) or "-"
+
+
+# pushed: every final rank's pushes into the last engine (the one built after the last reset); applied: the updates
+# of all ranks in the ticks this rank applied -- equal when nothing was lost or applied twice since that reset
 print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.epoch * args.steps_per_epoch + state.batch} "
-      f"sizes={','.join(map(str, state.sizes))} digest={digest} resets=- resumed=-", flush=True)
+      f"global={hvdk.global_steps(opt)} sizes={','.join(map(str, state.sizes))} digest={digest} "
+      f"pushed={sum(c.get('pushed', 0) for c in counters)} applied={mine.get('applied_contributions', 0)} "
+      f"resets={mine.get('elastic_resets', 0)} resumed={per_reset('elastic_resumed_from_updates')} "
+      f"lost={per_reset('elastic_lost_updates')} in_flight={per_reset('elastic_in_flight_updates')} "
+      f"beyond_commit={per_reset('elastic_beyond_commit_updates')}", flush=True)

@@ -1,0 +1,42 @@
+"""Elastic Horovod under the tick policies, the TensorFlow side of hvd_elastic/elastic.py: :class:`TfReplica` copies,
+loads and broadcasts a wrapped Keras 3 optimizer's trained variables and its own variables. Horovod's elastic loop
+(hvd_elastic.keras.elastic: KerasState, run) routes its reset, restore and commit through hvd_elastic.elastic."""
+from __future__ import annotations
+
+import horovod.tensorflow as hvd
+import numpy as np
+
+from ..elastic import ElasticRun, Replica
+from ._core import broadcast_variables
+
+
+class TfReplica(Replica):
+    """A wrapped optimizer's (hvd_elastic.tensorflow._core.ElasticState) flat trained variables and optimizer
+    variables (slots, iterations), as numpy copies."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def allgather(self, obj, name):
+        return hvd.allgather_object(obj, name=name)
+
+    def capture(self, engine):
+        weights = engine.buffers.numpy(engine.updates.global_model) if engine.updates.local_step \
+            else self.state.flat.weights().numpy()
+        return np.array(weights, copy=True), [np.array(v.numpy(), copy=True) for v in self.state.optimizer.variables]
+
+    def load(self, weights, optimizer_state):
+        self.state.flat.set_weights(weights)
+        for v, value in zip(self.state.optimizer.variables, optimizer_state):
+            v.assign(value)
+
+    def broadcast(self, root_rank):
+        broadcast_variables(list(self.state.flat.variables) + list(self.state.optimizer.variables), root_rank,
+                            name="hvd_elastic.elastic.replica")
+
+
+def elastic_run(state) -> ElasticRun:
+    """The wrapped optimizer's side of elastic Horovod (its resets counted in its report)."""
+    run = ElasticRun(TfReplica(state), state.session, state.start_engine)
+    state.session.counter_sources.append(run.counters)
+    return run

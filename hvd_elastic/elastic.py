@@ -34,7 +34,7 @@ commit, as under Horovod. docs/horovod-compat.md, "Elastic Horovod".
 from __future__ import annotations
 
 import time
-from typing import Any, List, Optional
+from typing import Any, List, NamedTuple, Optional
 
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
@@ -61,6 +61,17 @@ class Replica:
     def broadcast(self, root_rank: int):
         """Collective: the model and optimizer state of `root_rank` on every rank."""
         raise NotImplementedError
+
+
+class Standing(NamedTuple):
+    """What each rank tells the others at a new engine's start (ElasticRun._recover's allgather)."""
+    progress: int            # the updates in its snapshot, -1: none (a joiner, or no engine ran)
+    epoch_ns: int            # its clock's epoch proposal (rank 0's is taken)
+    engine_id: int           # its engine count (the largest is taken)
+    handled_s: int           # the latest change of the rank set it has reset for
+    account: Optional[tuple]  # Snapshot.account(), None without a snapshot
+    committed: int           # the updates in its model at its latest commit
+    base: int                # the job's steps in its model when its last engine started
 
 
 class Snapshot:
@@ -126,40 +137,41 @@ class ElasticRun:
         """Collective, at a new engine's start: every rank learns every survivor's progress; the most advanced
         snapshot (lowest rank among equals) becomes every rank's weights and optimizer state. Returns the job's
         common (epoch_ns, engine id)."""
-        mine = self.snapshot.progress if self.snapshot is not None else -1
-        account = self.snapshot.account() if self.snapshot is not None else None
-        everyone = self.replica.allgather((mine, *epoch_and_id, self.handled_s, account, self.committed, self.base),
-                                          "hvd_elastic.elastic.start")
-        self.baseline_s = max(e[3] for e in everyone)
-        best = max(range(len(everyone)), key=lambda r: (everyone[r][0], -r))
-        if everyone[best][0] >= 0:
+        snap = self.snapshot
+        mine = Standing(snap.progress if snap is not None else -1, *epoch_and_id, self.handled_s,
+                        snap.account() if snap is not None else None, self.committed, self.base)
+        everyone = [Standing(*e) for e in self.replica.allgather(tuple(mine), "hvd_elastic.elastic.start")]
+        self.baseline_s = max(e.handled_s for e in everyone)
+        best = max(range(len(everyone)), key=lambda r: (everyone[r].progress, -r))
+        chosen = everyone[best]
+        if chosen.progress >= 0:
             if self.session.rank == best:
-                self.replica.load(self.snapshot.weights, self.snapshot.optimizer_state)
+                self.replica.load(snap.weights, snap.optimizer_state)
             self.replica.broadcast(best)
-        if self.resets or self.snapshot is not None:
-            self.recovered_from.append(int(everyone[best][0]))
-            self._account(everyone, best)
+        if self.resets or snap is not None:
+            self.recovered_from.append(int(chosen.progress))
+            self._account(everyone, chosen)
         self.snapshot = None
-        self.committed = max(everyone[best][0], 0)
+        self.committed = max(chosen.progress, 0)
         # a survivor's count goes on from the state resumed from; a joiner's (base 0, no snapshot) takes it
-        self.base = max(everyone[best][6] + max(everyone[best][0], 0), max(e[6] for e in everyone))
-        return everyone[0][1], max(e[2] for e in everyone)
+        self.base = max(chosen.base + max(chosen.progress, 0), max(e.base for e in everyone))
+        return everyone[0].epoch_ns, max(e.engine_id for e in everyone)
 
     def global_steps(self, engine_steps: int) -> int:
         """The job's steps over every reset: those in the state the current engine started from, plus the engine's
         (`engine_steps`)."""
         return self.base + engine_steps
 
-    def _account(self, everyone, best: int):
+    def _account(self, everyone: List["Standing"], chosen: "Standing"):
         """The reset's loss, from every survivor's snapshot: its pushes not in the state resumed from, against
         those it had in flight (not yet in a tick it had applied itself)."""
-        survivors = [e[4] for e in everyone if e[4] is not None]
-        clocks = everyone[best][4][2] if everyone[best][4] is not None else None
-        if clocks is None:
+        if chosen.account is None:
             return
+        clocks = chosen.account[2]
+        survivors = [e.account for e in everyone if e.account is not None]
         self.lost.append(sum(max(pushed - clocks[rank], 0) for rank, pushed, _ in survivors))
         self.in_flight.append(sum(max(pushed - own[rank], 0) for rank, pushed, own in survivors))
-        self.beyond_commit.append(int(everyone[best][0]) - int(everyone[0][5]))
+        self.beyond_commit.append(int(chosen.progress) - int(everyone[0].committed))
 
     def started(self):
         """The new engine runs: it carries what this rank has heard of changes of the rank set (one heard just

@@ -1,7 +1,8 @@
 """Across hosts: a cluster of 4 hosts on this machine (ci/cluster.sh: network namespaces on a bridge, each with its
 own address, host name and sshd), launched as on a real cluster (ssh in, TCP between hosts, no loopback shortcut).
 
-Every policy under both launchers (PyTorch), Keras model.fit under bsp and asp (horovodrun), elastic bsp and asp, and
+Every policy under both launchers (PyTorch), Keras model.fit under bsp and asp (horovodrun), elastic bsp, asp, lbbsp and
+Keras model.fit under wbsp with overlap, and
 the fault paths: a rank stopped (SIGSTOP) on another host and a host's link cut mid-run are named by the watchdog and
 end the job on every live rank (the two fault jobs run side by side). Needs root and `ip netns` (CI runs as root);
 skipped with the reason elsewhere.
@@ -186,7 +187,7 @@ def test_a_cut_link_is_named_and_the_job_ends(fault_jobs):
     assert res.elapsed < STALL_S + 30, res.elapsed
 
 
-ELASTIC_POLICIES = ("bsp", "asp", "lbbsp")
+ELASTIC_POLICIES = ("bsp", "asp", "lbbsp", "keras-wbsp")   # keras-: Keras 3 model.fit (tests/workers/elastic_keras.py)
 
 
 def _elastic_job(folder, policy):
@@ -195,13 +196,17 @@ def _elastic_job(folder, policy):
     discover = folder / "discover.sh"
     discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
     discover.chmod(discover.stat().st_mode | stat.S_IEXEC)
+    keras = policy.startswith("keras-")
+    policy = policy.split("-", 1)[-1]
     cmd = [os.path.join(BIN, "horovodrun"), "-np", "3", "--min-np", "2", "--max-np", "3",
            "--host-discovery-script", str(discover), "--gloo", "--elastic-timeout", "60",
            "--network-interface", "hvde0", os.path.join(BIN, "python"),
-           os.path.join(ROOT, "tests", "workers", "elastic_torch.py"), "--hosts-file", str(hosts), "--np", "3",
+           os.path.join(ROOT, "tests", "workers", "elastic_keras.py" if keras else "elastic_torch.py"),
+           "--hosts-file", str(hosts), "--np", "3",
            "--host-names", ",".join(HOSTS[:3]), "--steps", "80", "--remove-at", "20", "--wait", "20:2",
-           "--add-at", "40", "--wait", "40:3"]
-    return lambda: run(cmd, job_env({"HVD_ELASTIC_POLICY": policy}), timeout=240)
+           "--add-at", "40", "--wait", "40:3", *(["--steps-per-epoch", "20"] if keras else [])]
+    env = {"HVD_ELASTIC_POLICY": policy, **({"HVD_ELASTIC_WBSP_OVERLAP": "1"} if policy == "wbsp" else {})}
+    return lambda: run(cmd, job_env(env), timeout=240)
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,7 @@ class InMemoryAllreduce:
         self.collectives = 0
 
     def for_rank(self, rank: int):
-        def allreduce_sum(buffers, name, block=False):
+        def allreduce_sum(buffers, name):
             self.reduce(rank, buffers, name)
         return allreduce_sum
 

@@ -7,7 +7,7 @@ decides from a :class:`~.policies.Gate` and its own state, and the engine carrie
 in one place, the telemetry's spans.
 
 Framework-free: updates travel in flat buffers of the frontend's own tensor type, made and combined by its
-``Buffers`` (the contract: engine/buffers.py). ``allreduce_sum(buffers, name, block)`` is an in-place Sum allreduce
+``Buffers`` (the contract: engine/buffers.py). ``allreduce_sum(buffers, name)`` is an in-place Sum allreduce
 over all ranks with Horovod's ops. The update kind's callbacks (engine/updates.py): ``apply_gradient(update, scale,
 share)`` for gradient policies (one optimizer step on the replica with gradient scale x update; share: the part of a
 round of n gradients the tick carries), ``read_params()`` (or ``read_params_into(buf)``) / ``write_params(w)`` for

@@ -170,12 +170,6 @@ class TickLoop:
                 h.thread_wake.wait(left)
                 self.wakeups += 1
 
-    def _blocking(self) -> bool:
-        """How this thread waits for a collective (allreduce_sum's `block`): the training thread running a tick
-        (run_inline) has nothing else to do and waits as Horovod's own synchronize does; the tick thread must not
-        take a core from its rank's forward and backward."""
-        return threading.current_thread() is not self.thread
-
     # ---- the training thread -----------------------------------------------------------------------------------
     def run_inline(self) -> bool:
         """Training thread, about to wait for its own push (push(inline=True)): while ticks are joined and no tick
@@ -268,12 +262,12 @@ class TickLoop:
     def _send(self, full: bool, send, member: Optional[Stream], index: int, count: int, clock: int) -> np.ndarray:
         """The tick's collectives: a probe, a full tick, or a full tick in chunks. Returns the reduced table."""
         if not full:
-            self.wire.probe(self._blocking())
+            self.wire.probe()
             return self.wire.read_table(None)
         if self.streams.chunked:
             return self._send_chunks(send, member, index, count, clock)
         self.pool.received(send)
-        self.wire.full(send, self._blocking())
+        self.wire.full(send)
         self.pool.handed(send)
         return self.wire.read_table(send)
 
@@ -281,7 +275,7 @@ class TickLoop:
         """A full tick in chunks, last words first (backward's order); the table rides with the last chunk. With a
         stream taken (`member`), each chunk waits until backward has made it final and is read from the frontend's
         tensors into `send` just before it is reduced; the rank's row is written once the stream has ended."""
-        b, block = self.streams.bounds, self._blocking()
+        b = self.streams.bounds
         self.pool.received(send)
         for k in reversed(range(len(b) - 1)):
             chunk = self.buffers.view(send, b[k], b[k + 1])
@@ -289,7 +283,7 @@ class TickLoop:
                 self.streams.read_chunk(member, k, chunk)
                 if k == 0:
                     self._stream_sent(member, index, count + 1, clock + 1)
-            self.wire.chunk(send, chunk, k, block, last=k == 0)
+            self.wire.chunk(send, chunk, k, last=k == 0)
         self.pool.handed(send)
         self.wire.chunks_sent(send)
         return self.wire.read_table(send)

@@ -68,7 +68,7 @@ __all__ = ["Ticker", "TickerError"]
 
 class Ticker:
     """One rank's data plane, as the training thread sees it: push()/finish()/take()/recycle() (and the stream_*
-    calls); nothing else. A tick thread (engine/loop.py) runs the ticks. `allreduce_sum(buffers, name, block)` is
+    calls); nothing else. A tick thread (engine/loop.py) runs the ticks. `allreduce_sum(buffers, name)` is
     an in-place Sum allreduce over all ranks of buffers of the kind `buffers` makes (NumpyBuffers by default);
     block: the calling thread has nothing else to do meanwhile (a frontend may then wait as Horovod's synchronize
     does, else it should not keep a core busy while it waits). `name`: the Horovod tensor name of the ticks, unique

@@ -15,10 +15,10 @@ from .table import META_COLUMNS, META_PIECES, decode_meta, encode_meta
 
 
 class Wire:
-    """The collectives of one rank's ticks. `allreduce_sum(parts, name, block)` is an in-place Sum allreduce over
+    """The collectives of one rank's ticks. `allreduce_sum(parts, name)` is an in-place Sum allreduce over
     all ranks of buffers of the kind `buffers` makes; `bytes_reduced` counts what it moved."""
 
-    def __init__(self, buffers, numel: int, size: int, allreduce_sum: Callable[[list, str, bool], None],
+    def __init__(self, buffers, numel: int, size: int, allreduce_sum: Callable[[list, str], None],
                  name: str):
         self.buffers, self.numel, self.size, self.name = buffers, numel, size, name
         self.allreduce_sum = allreduce_sum
@@ -51,26 +51,26 @@ class Wire:
             words = self._meta_kind.get_words(self._meta_buffer, 0, self.meta_words)
         return decode_meta(words, self.size)
 
-    def _reduce(self, parts: list, name: str, block: bool):
-        self.allreduce_sum(parts, name, block)
+    def _reduce(self, parts: list, name: str):
+        self.allreduce_sum(parts, name)
         self.bytes_reduced += sum(self.buffers.nbytes(p) for p in parts)
 
-    def full(self, send, block: bool):
+    def full(self, send):
         """A full tick in one allreduce: the payload `send` and the table."""
         table = self.write_table(send)
-        self._reduce([send] if table is None else [self.buffers.head(send, self.numel), table], self.name, block)
+        self._reduce([send] if table is None else [self.buffers.head(send, self.numel), table], self.name)
 
-    def probe(self, block: bool):
+    def probe(self):
         """A probe: the table alone."""
-        self._reduce([self.write_table(None)], f"{self.name}.meta", block)
+        self._reduce([self.write_table(None)], f"{self.name}.meta")
 
-    def chunk(self, send, chunk, k: int, block: bool, last: bool):
+    def chunk(self, send, chunk, k: int, last: bool):
         """Chunk k of a full tick in chunks (`chunk`: a view of the payload buffer `send`); the table rides with the
         `last`. Counted once for the whole payload (chunks_sent)."""
         table = self.write_table(send) if last else None
         parts = [chunk, self.buffers.view(send, self.numel, self.length) if table is None else table] if last \
             else [chunk]
-        self.allreduce_sum(parts, f"{self.name}.s{k}", block)
+        self.allreduce_sum(parts, f"{self.name}.s{k}")
 
     def chunks_sent(self, send):
         self.bytes_reduced += self.buffers.nbytes(send)

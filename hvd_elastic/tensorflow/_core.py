@@ -64,9 +64,9 @@ def broadcast_variables(variables, root_rank: int = 0, name: str = "hvd_elastic.
 _TICK_FUNCTIONS: Dict[Any, Any] = {}
 
 
-def _allreduce_sum(buffers, name, block=False):
+def _allreduce_sum(buffers, name):
     """In-place Sum allreduce over all ranks of flat buffers: tf.Variables (the engine's data plane) or numpy arrays
-    (LB-BSP's exchange). `block` (the engine's contract) changes nothing here: the call waits in TF's runtime.
+    (LB-BSP's exchange); the call waits in TF's runtime.
 
     Through a tf.function: an eager Horovod TF op is negotiated under its op type's name whatever ``name`` says, so
     an eager tick would collide with any other eager collective the training thread has in flight (metric

@@ -101,6 +101,7 @@ POLICIES: Dict[str, Optional[Dict[str, str]]] = {
     "wbsp-overlap": {"HVD_ELASTIC_POLICY": "wbsp", "HVD_ELASTIC_WBSP_OVERLAP": "1"},
     "wbsp-overlap-lockstep": {"HVD_ELASTIC_POLICY": "wbsp", "HVD_ELASTIC_WBSP_OVERLAP": "1",
                               "HVD_ELASTIC_WBSP_LOCKSTEP": "1"},
+    "auto": {"HVD_ELASTIC_POLICY": "auto"},
     # A control, not a policy: plain Horovod with only the rounding of its average changed (Horovod's
     # gradient_predivide_factor 3: each gradient x 1/3 before the sum, the sum x 3/4 after; HOROVOD_FUSION_THRESHOLD=0
     # gives identical curves here). Same algorithm, same batches: how far its time to target moves from

@@ -171,7 +171,7 @@ KNOBS = (
          doc="In lock-step a rank uploads once a round and downloads the global model once every rank's upload of "
              "the round is in it (BSP's step on SGD). Off by default: at equal speeds on the benchmark's MNIST-1D "
              "task wbsp with overlap reached the target sooner relaxed than in lock-step (docs/benchmarks.md, "
-             "\"wbsp in lock-step\")."),
+             "\"wbsp in lock-step\"). Policy auto runs wbsp with overlap and this fallback on."),
     Knob("tick_ms", 1.0, _float(0.0, exclusive=True), "number > 0",
          "Minimum interval between two partial-allreduce ticks, in milliseconds."),
     Knob("tick_pacing", "auto", _choice(TICK_PACINGS), "|".join(TICK_PACINGS),
@@ -346,6 +346,9 @@ def parse_settings(raw: Mapping[str, list]) -> Config:
         except (ValueError, TypeError):
             raise ConfigError(f"{_where(name, source)}={value!r} is not valid; accepted: {knob.accepted}") from None
     cfg = Config(**values)
+    presets = dict(registry.policy(cfg.policy).presets)
+    if presets:
+        cfg = dataclasses.replace(cfg, **presets)
     if cfg.dssp_upper < cfg.dssp_lower:
         src = raw.get("dssp_upper", ["env"])[0]
         raise ConfigError(f"{_where('dssp_upper', src)}={cfg.dssp_upper} is below HVD_ELASTIC_DSSP_LOWER="

@@ -48,7 +48,9 @@ class Policy:
     knobs: the knobs it reads besides COMMON_KNOBS; knobs_when: (knob, switch) pairs, a knob of `knobs` read only
     while the boolean knob `switch` is on. refuses: Horovod's DistributedOptimizer arguments it cannot honour
     at other than their defaults. frontends: where it runs. elastic: the frontends where it runs under elastic Horovod
-    (horovodrun --elastic).
+    (horovodrun --elastic). presets: (knob, value) pairs the policy runs with whatever the settings say (another
+    policy's rule with its switches set: auto); a preset knob is not among `knobs`, so setting it draws the warning
+    that the policy does not read it.
     """
 
     name: str
@@ -63,6 +65,7 @@ class Policy:
     refuses: Tuple[str, ...] = ()
     frontends: Tuple[str, ...] = FRONTENDS
     elastic: Tuple[str, ...] = ()
+    presets: Tuple[Tuple[str, object], ...] = ()
 
     @property
     def ticks(self) -> bool:
@@ -112,6 +115,10 @@ REGISTRY: Dict[str, Policy] = {p.name: p for p in (
            knobs=("wbsp_overlap", "wbsp_lockstep", "relax_min_gain") + TICK_KNOBS,
            knobs_when=(("relax_min_gain", "wbsp_lockstep"),),
            refuses=_TICK_REFUSES, elastic=("PyTorch", "Keras")),
+    Policy("auto", "lock-step at BSP's pace where no rank waits, wbsp with overlap where ranks would: the lock-step "
+           "fallback chooses from measurements", lockstep=False, rule=_RULES + "wbsp:Wbsp", deltas=True,
+           knobs=("relax_min_gain",) + TICK_KNOBS, refuses=_TICK_REFUSES, elastic=("PyTorch", "Keras"),
+           presets=(("wbsp_overlap", True), ("wbsp_lockstep", True))),
 )}
 NAMES: Tuple[str, ...] = tuple(REGISTRY)
 DEFAULT = "bsp"

@@ -74,6 +74,17 @@ def test_knobs_the_policy_does_not_read_are_reported():
     assert unused_settings(raw, parse_settings(raw)) == []
 
 
+def test_auto_runs_wbsp_with_overlap_and_the_lockstep_fallback_whatever_the_settings_say():
+    cfg = parse_settings(raw_settings({"HVD_ELASTIC_POLICY": "auto"}))
+    assert (cfg.wbsp_overlap, cfg.wbsp_lockstep, cfg.spec.deltas, cfg.spec.rule) == \
+        (True, True, True, parse_settings(raw_settings({"HVD_ELASTIC_POLICY": "wbsp"})).spec.rule)
+    # its presets are not its knobs: setting one is reported as not read, and changes nothing
+    raw = raw_settings({"HVD_ELASTIC_POLICY": "auto", "HVD_ELASTIC_WBSP_OVERLAP": "0", "HVD_ELASTIC_RELAX_MIN_GAIN": "2"})
+    cfg = parse_settings(raw)
+    assert unused_settings(raw, cfg) == ["HVD_ELASTIC_WBSP_OVERLAP"]
+    assert (cfg.wbsp_overlap, cfg.wbsp_lockstep, cfg.relax_min_gain) == (True, True, 2.0)
+
+
 def test_rank_disagreement_names_the_ranks():
     raws = [raw_settings({"HVD_ELASTIC_POLICY": p}) for p in ("bsp", "bsp", "ssp")]
     gathered = [{k: v[1] for k, v in r.items()} for r in raws]

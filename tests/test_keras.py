@@ -86,6 +86,22 @@ def test_relaxed_policies_under_fit_keep_replicas_identical_and_lose_nothing(fit
             assert all(rep["wait_share"] < 0.1 for rep in reports), policy
 
 
+def test_auto_under_fit_and_horovodrun_keeps_replicas_identical_and_loses_nothing(tmp_path):
+    """Policy auto (wbsp with overlap and the lock-step fallback) under model.fit, horovodrun --gloo, rank 1 ten
+    times slower: both ranks make the same switches between lock-step and wbsp with overlap (at least the one out of
+    lock-step once its cost is measured), every upload is in the final model once, and both ranks end on it."""
+    _, ranks = _run("horovodrun", tmp_path, ["--mode", "policies", "--policies", "auto", "--target", "600"],
+                    env=STRAGGLER)
+    runs = [r["runs"][0] for r in ranks]
+    counters = [run["report"]["ranks"][rank]["counters"] for rank, run in enumerate(runs)]
+    assert {run["policy"] for run in runs} == {"auto"}
+    assert counters[0]["lockstep_switches"] >= 1, counters[0]
+    assert len({(c["lockstep_switches"], tuple(c["lockstep_switch_pushes"])) for c in counters}) == 1, counters
+    pushed = sum(c["pushed"] for c in counters)
+    assert pushed >= 600 and all(c["applied_contributions"] == pushed for c in counters), counters
+    assert runs[0]["weights_sha256"] == runs[1]["weights_sha256"] and runs[0]["accuracy"] > 0.8, runs[0]["accuracy"]
+
+
 def test_torch_then_keras_in_one_process(tmp_path):
     env = {"HVD_ELASTIC_POLICY": "ssp", "HVD_ELASTIC_EMULATE_DELAY": "1:0.01"}
     res, (r0, r1) = _run("horovodrun", tmp_path, ["--mode", "mixed", "--target", "200"], env=env)

@@ -91,8 +91,8 @@ def _same_on_every_rank(counters):
 
 
 @pytest.mark.parametrize("policy,knobs", [("asp", {}), ("zipline", {"lookahead": 6}),
-                                          ("wbsp", {"wbsp_overlap": True, "wbsp_lockstep": True})],
-                         ids=["asp", "zipline", "wbsp-overlap"])
+                                          ("wbsp", {"wbsp_overlap": True, "wbsp_lockstep": True}), ("auto", {})],
+                         ids=["asp", "zipline", "wbsp-overlap", "auto"])
 def test_under_a_persistent_straggler_the_ranks_relax_and_the_fast_ones_run_ahead(policy, knobs):
     """A 10x straggler: lock-step until its cost is measured, relaxed from the first observation after it (every
     rank's SETTLE + SAMPLE pushes), relaxed for most of the run; the fast ranks take more than twice the straggler's
@@ -109,8 +109,8 @@ def test_under_a_persistent_straggler_the_ranks_relax_and_the_fast_ones_run_ahea
     assert min(run.steps[:3]) > 2 * run.steps[3], run.steps
 
 
-@pytest.mark.parametrize("policy,knobs", [("asp", {}), ("wbsp", {"wbsp_overlap": True, "wbsp_lockstep": True})],
-                         ids=["asp", "wbsp-overlap"])
+@pytest.mark.parametrize("policy,knobs", [("asp", {}), ("wbsp", {"wbsp_overlap": True, "wbsp_lockstep": True}),
+                                          ("auto", {})], ids=["asp", "wbsp-overlap", "auto"])
 def test_with_equal_speeds_the_ranks_never_leave_lockstep(policy, knobs):
     """Equal speeds: even a relaxed rule that cost nothing would deliver (compute + o_L) / compute = about 1.0x
     lock-step's pushes (o_L is well under a millisecond in one process, 20 ms steps), under 1.25 x 1.05, so relaxed
@@ -123,7 +123,8 @@ def test_with_equal_speeds_the_ranks_never_leave_lockstep(policy, knobs):
     assert all(cc["max_clock_gap"] == 0 for cc in c), c
 
 
-@pytest.mark.parametrize("policy,knobs", [("asp", {}), ("zipline", {"lookahead": 6})], ids=["asp", "zipline"])
+@pytest.mark.parametrize("policy,knobs", [("asp", {}), ("zipline", {"lookahead": 6}), ("auto", {})],
+                         ids=["asp", "zipline", "auto"])
 def test_back_in_lockstep_the_ranks_that_ran_ahead_keep_their_lead(policy, knobs):
     """Rank 3 is 5x slower for its first 70 steps, then as fast as the others: the ranks relax, the fast ones run
     ahead, and once the speeds are equal the ranks go back to lock-step. Lock-step rounds count from the clocks at

@@ -65,17 +65,33 @@ def test_the_private_read_guard_sees_a_read_of_another_objects_field(tmp_path):
 
 
 def _policy_name_literals(path):
-    """(line, literal) of every string literal in `path` that is exactly a policy's name."""
+    """(line, literal) of every string literal in `path` that is exactly a policy's name -- but a name that is also a
+    value of another knob ("auto": HVD_ELASTIC_TICK_PACING, HVD_ELASTIC_MAX_INFLIGHT), which a literal cannot tell
+    apart -- and (line, text) of every comparison of a `.policy` with anything."""
     import io
+    import re
     import tokenize
 
+    from hvd_elastic.config import KNOBS
     from hvd_elastic.registry import NAMES
+    other_values = {v.strip() for k in KNOBS if k.name != "policy" for v in k.accepted.split("|")}
+    names = set(NAMES) - other_values
     out = []
     with open(path) as f:
-        for tok in tokenize.generate_tokens(io.StringIO(f.read()).readline):
-            if tok.type == tokenize.STRING and tok.string.strip("\"'") in NAMES and tok.string[0] in "\"'":
-                out.append((tok.start[0], tok.string))
+        text = f.read()
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.STRING and tok.string.strip("\"'") in names and tok.string[0] in "\"'":
+            out.append((tok.start[0], tok.string))
+    for n, line in enumerate(text.splitlines(), 1):
+        if re.search(r"\.policy\s*(==|!=|\bin\b|\bnot in\b)", line.split("#")[0]):
+            out.append((n, line.strip()))
     return out
+
+
+def test_the_policy_name_guard_sees_a_name_and_a_comparison(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('x = "lbbsp"\nif cfg.policy == other:\n    pass\ny = "auto"\n')
+    assert [n for n, _ in _policy_name_literals(str(probe))] == [1, 2]
 
 
 def test_no_module_but_the_registry_and_the_knob_parser_names_a_policy():

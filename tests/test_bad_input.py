@@ -26,7 +26,7 @@ def _assert_every_rank_failed_with(res, np_, *needles):
 def test_an_unknown_policy_stops_every_rank_with_one_line():
     res = launch("horovodrun", 2, "tests/workers/config_check.py", env={"HVD_ELASTIC_POLICY": "fastest"}, timeout=120)
     _assert_every_rank_failed_with(res, 2, "HVD_ELASTIC_POLICY='fastest' is not valid",
-                                   "bsp|asp|ssp|dssp|zipline|lbbsp|wbsp")
+                                   "bsp|asp|ssp|dssp|zipline|lbbsp|wbsp|auto")
 
 
 def test_ranks_that_disagree_on_the_policy_are_named():

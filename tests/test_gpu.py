@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA d
                                                                       "(bash ci/gpu/run_tests.sh)")
 
 POLICIES = {"bsp": {}, "asp": {}, "ssp": {}, "dssp": {}, "zipline": {}, "lbbsp": {"HVD_ELASTIC_GLOBAL_BATCH": "128"},
-            "wbsp": {}, "wbsp-overlap": {"HVD_ELASTIC_WBSP_OVERLAP": "1"}}
+            "wbsp": {}, "wbsp-overlap": {"HVD_ELASTIC_WBSP_OVERLAP": "1"}, "auto": {}}
 
 
 def _run(name, tmp_path, hidden, steps=60):

@@ -116,7 +116,7 @@ def test_torch_then_keras_in_one_process(tmp_path):
 
 
 def test_bad_input_stops_every_rank_with_one_line(tmp_path):
-    needles = ["HVD_ELASTIC_POLICY='nope' is not valid", "bsp|asp|ssp|dssp|zipline|lbbsp|wbsp"]
+    needles = ["HVD_ELASTIC_POLICY='nope' is not valid", "bsp|asp|ssp|dssp|zipline|lbbsp|wbsp|auto"]
     res = launch("horovodrun", 2, WORKER, [tmp_path, "--mode", "config"], env={"HVD_ELASTIC_POLICY": "nope"},
                  timeout=120)
     assert not res.timed_out, res.output[-3000:]

@@ -75,6 +75,8 @@ def test_relaxed_policies_under_fit_keep_replicas_identical_and_lose_nothing(fit
             assert r["accuracy"] > 0.8, (policy, r["accuracy"])        # learned, straggler and all (300 steps)
         assert a["weights_sha256"] == b["weights_sha256"], policy      # invariant 3
         assert a["accuracy"] == b["accuracy"]
+        if policy in FIT:   # MetricAverageCallback: the epoch's loss averaged over the ranks after the final sync
+            assert a["fit_loss"] == b["fit_loss"] and len(a["fit_loss"]) == 1, (policy, a["fit_loss"], b["fit_loss"])
         if policy == "zipline":
             assert counters[0]["barriers"] >= 3 and counters[0]["barriers"] == counters[1]["barriers"]
             assert all(c["max_iterations_between_barriers"] <= 6 for c in counters), counters

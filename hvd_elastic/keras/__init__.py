@@ -56,6 +56,12 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     return wrap_optimizer(optimizer, policy_kwargs, "Keras", horovod_args=horovod_args)
 
 
+def _fit_goes_on(model) -> bool:
+    """This model.fit is the rest of an epoch a reset cut short (hvd_elastic.keras.elastic.fit) and the run goes on in
+    the next fit: no final synchronization, report or end-of-run collective at its end."""
+    return bool(getattr(model, "_hvd_elastic_partial_fit", False)) and not model.stop_training
+
+
 def scale_lr(lr: float) -> float:
     """The usual Horovod scaling: the learning rate of one rank times the number of ranks."""
     return lr * hvd.size()
@@ -131,14 +137,14 @@ class SyncCallback(keras.callbacks.Callback):
         # every update, every rank ends with the same weights, and the others run free meanwhile.
         state = self._state
         last = self.model.stop_training or epoch + 1 >= int(self.params.get("epochs") or 0)
-        if getattr(self.model, "_hvd_elastic_partial_fit", False) and not self.model.stop_training:
-            return     # hvd_elastic.keras.elastic.fit: the rest of a cut epoch; the next fit goes on with the engine
+        if _fit_goes_on(self.model):
+            return
         if last and state.session.engine is not None:
             state.session.engine.finish()
 
     def on_train_end(self, logs=None):
-        if getattr(self.model, "_hvd_elastic_partial_fit", False) and not self.model.stop_training:
-            return     # hvd_elastic.keras.elastic.fit: the rest of a cut epoch; the run goes on in the next fit
+        if _fit_goes_on(self.model):
+            return
         self.report = self._state.finish()
 
 
@@ -150,13 +156,16 @@ class MetricAverageCallback(keras.callbacks.Callback):
     are over its own batches and the average is unweighted). Relaxed policies: a collective at an
     epoch end would stop this rank's pushes while another rank may be gated on them (a deadlock), so each rank
     keeps its epoch logs and the average is taken once, after the final synchronization (on_train_end, one
-    allgather); the averaged values then replace the per-rank ones in ``model.history`` (ranks that ran fewer
-    epochs contribute to the epochs they ran)."""
+    allgather); the averaged values then replace the per-rank ones in ``model.history`` (each epoch averaged over the
+    ranks that ran it, matched by epoch number: ranks that ran fewer epochs, or joined an elastic job later,
+    contribute to the epochs they ran). ``averaged``: {epoch: {metric: mean}}."""
 
     def on_train_begin(self, logs=None):
         state = state_of(self.model.optimizer)
         self._relaxed = state is not None and state.cfg.spec.ticks
-        self._epochs: List[Dict[str, float]] = []
+        if not getattr(self, "_goes_on", False):    # a fit that goes on from a cut epoch keeps its epochs' logs
+            self._epochs: Dict[int, Dict[str, float]] = {}
+        self._goes_on = False
 
     @staticmethod
     def _numeric(logs):
@@ -167,7 +176,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
             return
         keys = self._numeric(logs)
         if self._relaxed:
-            self._epochs.append({k: float(logs[k]) for k in keys})
+            self._epochs[int(epoch)] = {k: float(logs[k]) for k in keys}
             return
         if not keys:
             return
@@ -179,19 +188,22 @@ class MetricAverageCallback(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         if not self._relaxed:
             return
+        if _fit_goes_on(self.model):
+            self._goes_on = True       # the average waits for the run's last fit (a collective here could deadlock)
+            return
         everyone = hvd.allgather_object(self._epochs, name="hvd_elastic.metrics")
-        averaged = []
-        for e in range(max(len(x) for x in everyone)):
-            rows = [x[e] for x in everyone if len(x) > e]
-            averaged.append({k: float(np.mean([r[k] for r in rows if k in r])) for k in rows[0]})
+        averaged = {}
+        for e in sorted({e for x in everyone for e in x}):
+            rows = [x[e] for x in everyone if e in x]
+            averaged[e] = {k: float(np.mean([r[k] for r in rows if k in r])) for k in rows[0]}
         self.averaged = averaged
         history = getattr(self.model, "history", None)
-        hist = getattr(history, "history", None)
+        hist, epochs = getattr(history, "history", None), list(getattr(history, "epoch", []))
         if isinstance(hist, dict):
             for k, series in hist.items():
-                for e in range(min(len(series), len(averaged))):
-                    if k in averaged[e]:
-                        series[e] = averaged[e][k]
+                for i, e in enumerate(epochs[:len(series)]):
+                    if k in averaged.get(e, {}):
+                        series[i] = averaged[e][k]
 
 
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):

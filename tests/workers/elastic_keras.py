@@ -118,7 +118,8 @@ def train(state):
     # the data of the rank of the moment (ranks renumber at a reset)
     xs, ys = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
     hvdk.elastic.fit(model, state, xs, ys, epochs=epochs, steps_per_epoch=args.steps_per_epoch, batch_size=16,
-                     batches_per_commit=args.commit_every, callbacks=[sync, Events()], verbose=0)
+                     batches_per_commit=args.commit_every, callbacks=[sync, hvdk.MetricAverageCallback(), Events()],
+                     verbose=0)
 
 
 train(state)

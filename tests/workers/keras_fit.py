@@ -140,10 +140,11 @@ def fit_run(policy, target, batch, data):
     opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.5), **kwargs)
     model.compile(optimizer=opt, loss=LOSS, metrics=["accuracy"])
     sync = hvdk.SyncCallback(global_steps=target)
-    model.fit(x_tr[idx], y_tr[idx], batch_size=batch, epochs=1, shuffle=False, verbose=0,
-              callbacks=[sync, hvdk.MetricAverageCallback(), FaultCallback()])
+    hist = model.fit(x_tr[idx], y_tr[idx], batch_size=batch, epochs=1, shuffle=False, verbose=0,
+                     callbacks=[sync, hvdk.MetricAverageCallback(), FaultCallback()])
     acc = float((np.argmax(model.predict(x_te, verbose=0), 1) == y_te).mean())
     return {"policy": sync.report["policy"], "accuracy": acc, "weights_sha256": sha(model),
+            "fit_loss": hist.history["loss"],
             "local_steps": sync.report["ranks"][rank]["steps"], "report": sync.report}
 
 

@@ -114,7 +114,8 @@ class ElasticRun:
 
     # ---- the training thread ---------------------------------------------------------------------------------
     def before_step(self):
-        """At step(): build the engine if there is none (the first step, or the first after a reset)."""
+        """At a step (PyTorch) or a fit's start (Keras): build the engine if there is none (the first, or the first
+        after a reset)."""
         engine = self.session.engine
         if engine is not None and not engine.abandoned:
             return

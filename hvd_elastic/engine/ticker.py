@@ -69,9 +69,9 @@ __all__ = ["Ticker", "TickerError"]
 class Ticker:
     """One rank's data plane, as the training thread sees it: push()/finish()/take()/recycle() (and the stream_*
     calls); nothing else. A tick thread (engine/loop.py) runs the ticks. `allreduce_sum(buffers, name)` is
-    an in-place Sum allreduce over all ranks of buffers of the kind `buffers` makes (NumpyBuffers by default);
-    block: the calling thread has nothing else to do meanwhile (a frontend may then wait as Horovod's synchronize
-    does, else it should not keep a core busy while it waits). `name`: the Horovod tensor name of the ticks, unique
+    an in-place Sum allreduce over all ranks of buffers of the kind `buffers` makes (NumpyBuffers by default),
+    called from the tick thread or from the training thread running its own tick; it should not keep a core busy
+    while it waits. `name`: the Horovod tensor name of the ticks, unique
     among the engines alive in this process and the same on every rank. hold_fraction: the release hold
     (HVD_ELASTIC_PEER_WAIT; 0: release at once); stream: the frontend can hand a gradient over as backward produces
     it, and every rank's frontend says so; pacing: HVD_ELASTIC_TICK_PACING; relaxed_joins: when auto pacing joins ticks

@@ -135,10 +135,10 @@ class SyncCallback(keras.callbacks.Callback):
         # Under a relaxed policy this rank's training loop ends here: raise its finished flag now, before any other
         # collective (a rank gated on this rank's pushes would otherwise wait for it forever). The engine delivers
         # every update, every rank ends with the same weights, and the others run free meanwhile.
-        state = self._state
-        last = self.model.stop_training or epoch + 1 >= int(self.params.get("epochs") or 0)
         if _fit_goes_on(self.model):
             return
+        state = self._state
+        last = self.model.stop_training or epoch + 1 >= int(self.params.get("epochs") or 0)
         if last and state.session.engine is not None:
             state.session.engine.finish()
 

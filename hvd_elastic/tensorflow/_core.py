@@ -151,6 +151,7 @@ class ElasticState:
         if self.session.report is not None:
             self.session = _session(load_config(self.policy_kwargs, self.frontend))
             self.started = False
+            self.elastic = None     # elastic Horovod: the next start's engine belongs to the new session
 
     def start(self, trainable_variables, model_variables=None, root_rank: int = 0, mode: Optional[str] = None):
         """Collective: build the optimizer, broadcast weights and optimizer state from `root_rank`, start the

@@ -38,7 +38,9 @@ ap.add_argument("--wait", action="append", default=[], help="STEP:SIZE")
 ap.add_argument("--host-names", default="")
 ap.add_argument("--step-sleep", type=float, default=0.05)
 ap.add_argument("--commit-every", type=int, default=1)
-ap.add_argument("--wait-sleep", type=float, default=1.0, help="tick policies: a step's length while a wait is not met")
+ap.add_argument("--wait-sleep", type=float, default=3.0,
+                help="tick policies: a step's length while a wait is not met (the last wait has the steps left to the "
+                     "run's end, 20 x 3 s by default, for a new worker's start-up on a loaded machine)")
 args = ap.parse_args()
 waits = dict(tuple(map(int, w.split(":"))) for w in args.wait)
 epochs = args.steps // args.steps_per_epoch

@@ -9,15 +9,19 @@ next); the training thread runs a joined tick itself when it is about to wait fo
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import time
-from typing import Deque, Optional
+from typing import Any, Deque, Optional
 
 import numpy as np
 
 from ..errors import HvdElasticError
-from .stream import Stream
+from .pool import BufferPool
+from .row import OwnRow
+from .stream import Stream, Streams
 from .table import CLOCK, COUNT, FINISHED, HOSTS, PENDING, SEQ, STREAM, Tick
+from .wire import Wire
 
 
 class TickerError(HvdElasticError):
@@ -77,15 +81,32 @@ class Handoff:
             raise TickerError(f"tick thread failed: {self.error}") from self.error
 
 
-class TickLoop:
-    """The tick thread of one rank and the ticks it (or the training thread: run_inline) runs, over the ticker's
-    parts: this rank's row, the buffer pool, its streams, the wire and the pacing."""
+@dataclasses.dataclass(frozen=True)
+class TickParts:
+    """The parts of one rank's data plane, built by the Ticker and shared with its TickLoop: the model size, the
+    buffers' kind, this rank, the handoff (its lock guards every part), this rank's row, the buffer pool, the
+    streams, the wire and the pacing."""
+    numel: int
+    buffers: Any
+    rank: int
+    handoff: Handoff
+    row: OwnRow
+    pool: BufferPool
+    streams: Streams
+    wire: Wire
+    pacing: Any
 
-    def __init__(self, ticker):
-        self.numel, self.buffers, self.rank = ticker.numel, ticker.buffers, ticker.rank
-        self.handoff, self._lock = ticker.handoff, ticker.handoff.lock
-        self.row, self.pool, self.streams = ticker.row, ticker.pool, ticker.streams
-        self.wire, self.pacing = ticker.wire, ticker.pacing
+
+class TickLoop:
+    """The tick thread of one rank and the ticks it (or the training thread: run_inline) runs, over the parts of
+    the data plane (TickParts). The Ticker reads what the loop knows only through its methods (counters,
+    ticks_completed, expected_before_next_push)."""
+
+    def __init__(self, parts: TickParts):
+        self.numel, self.buffers, self.rank = parts.numel, parts.buffers, parts.rank
+        self.handoff, self._lock = parts.handoff, parts.handoff.lock
+        self.row, self.pool, self.streams = parts.row, parts.pool, parts.streams
+        self.wire, self.pacing = parts.wire, parts.pacing
         self.index = 0                 # the next tick's index (SEQ)
         self.last = 0.0                # monotonic time of the last tick
         self.delivered_total = 0       # pushes of all ranks inside completed ticks
@@ -98,6 +119,30 @@ class TickLoop:
         self.wakeups = 0               # times the tick thread woke from a wait (notified or timed out)
         self.comm_s = 0.0
         self.thread = threading.Thread(target=self._run, name=f"hvd_elastic-ticker-{self.rank}", daemon=True)
+
+    # ---- what the Ticker asks of the loop ---------------------------------------------------------------------
+    def start(self):
+        self.thread.start()
+
+    def join(self, timeout: Optional[float]) -> bool:
+        """Wait for the tick thread to end; True if it did."""
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+    def ticks_completed(self) -> int:
+        return self.ticks
+
+    def expected_before_next_push(self, applied_at_read: int) -> float:
+        """(Under the lock.) The updates delivered since the weights held `applied_at_read`, plus the expected count
+        of a tick in flight (a push now goes into the tick after it)."""
+        return self.delivered_total - applied_at_read + (self.mean_count if self.in_flight else 0.0)
+
+    def counters(self) -> dict:
+        """The loop's end-of-run counters, under their report names."""
+        return {"ticks": self.ticks, "nonempty_ticks": self.nonempty_ticks,
+                "payload_collectives": self.payload_collectives, "join_ticks": self.join_ticks,
+                "inline_ticks": self.inline_ticks, "tick_comm_s": round(self.comm_s, 3),
+                "tick_thread_wakeups": self.wakeups}
 
     # ---- the tick thread -------------------------------------------------------------------------------------
     def _run(self):

@@ -55,7 +55,7 @@ import time
 from typing import Any, Callable, List, Optional
 
 from .buffers import NumpyBuffers
-from .loop import Handoff, TickerError, TickLoop
+from .loop import Handoff, TickerError, TickLoop, TickParts
 from .pacing import make_pacing
 from .pool import BufferPool
 from .row import OwnRow
@@ -96,8 +96,9 @@ class Ticker:
                                   relaxed_joins, lockstep)
         self._was_outside = False      # the training thread waited in a collective of the script's own since its
         self._left_outside_at = 0      # last push, and left it before the tick of this index (_meet_after_outside)
-        self._loop = TickLoop(self)
-        self._loop.thread.start()
+        self._loop = TickLoop(TickParts(numel, buffers, rank, self.handoff, self.row, self.pool, self.streams,
+                                        self.wire, self.pacing))
+        self._loop.start()
 
     # ---- pushes ------------------------------------------------------------------------------------------------
     def push(self, accumulate: Callable, interval_ns: int, inline: bool = False) -> int:
@@ -272,9 +273,8 @@ class Ticker:
         """Predicted staleness of an update pushed now, computed on weights that held `applied_at_read` updates:
         the updates already delivered since then, plus the expected count of a tick in flight (the push goes into
         the tick after it)."""
-        loop = self._loop
         with self._lock:
-            return loop.delivered_total - applied_at_read + (loop.mean_count if loop.in_flight else 0.0)
+            return self._loop.expected_before_next_push(applied_at_read)
 
     def all_delivered(self) -> bool:
         """True when every update this rank pushed is inside a completed tick."""
@@ -282,10 +282,10 @@ class Ticker:
 
     def join(self, timeout: Optional[float] = None, check: bool = True) -> bool:
         """Wait for the tick thread to end (Python's thread join); True if it did. check: raise its error, if any."""
-        self._loop.thread.join(timeout)
+        ended = self._loop.join(timeout)
         if check:
             self.handoff.check()
-        return not self._loop.thread.is_alive()
+        return ended
 
     def announce_hosts(self, hosts: int):
         """Elastic Horovod's driver announced a change of the rank set (table.HOSTS): the next ticks carry it. (It
@@ -328,7 +328,7 @@ class Ticker:
     @property
     def ticks(self) -> int:
         """Ticks completed on this rank."""
-        return self._loop.ticks
+        return self._loop.ticks_completed()
 
     @property
     def gated(self) -> bool:
@@ -377,10 +377,6 @@ class Ticker:
 
     def counters(self) -> dict:
         """The end-of-run counters, under their report names."""
-        loop = self._loop
-        return {"ticks": loop.ticks, "nonempty_ticks": loop.nonempty_ticks,
-                "payload_collectives": loop.payload_collectives, "join_ticks": loop.join_ticks,
-                "inline_ticks": loop.inline_ticks, "bytes_reduced": self.wire.bytes_reduced,
+        return {**self._loop.counters(), "bytes_reduced": self.wire.bytes_reduced,
                 "streamed_pushes": self.streams.taken, "buffers_allocated": self.pool.allocated,
-                "held_ticks_max": self.pool.held_max, "tick_comm_s": round(loop.comm_s, 3),
-                "tick_thread_wakeups": loop.wakeups}
+                "held_ticks_max": self.pool.held_max}

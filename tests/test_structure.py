@@ -57,6 +57,17 @@ def test_no_module_of_the_package_reads_another_objects_private_fields():
     assert not offenders, offenders
 
 
+def test_the_ticker_and_its_tick_loop_reach_each_other_through_methods_only():
+    """engine/loop.py is built from its parts (TickParts) and never sees the Ticker; engine/ticker.py only calls the
+    loop's methods, never reads its fields."""
+    engine = os.path.join(ROOT, "hvd_elastic", "engine")
+    loop = open(os.path.join(engine, "loop.py")).read()
+    assert not re.findall(r"\bticker\.\w+", loop), re.findall(r"\bticker\.\w+", loop)
+    ticker = open(os.path.join(engine, "ticker.py")).read()
+    uses = re.findall(r"self\._loop\.(\w+)(\(?)", ticker)
+    assert uses and all(call for _, call in uses), [name for name, call in uses if not call]
+
+
 def test_the_private_read_guard_sees_a_read_of_another_objects_field(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("def f(opt, engine):\n    x = opt._hvd_elastic_flat\n    engine._backlog.clear()\n"

@@ -10,8 +10,9 @@ Horovod elastic script (TorchState, ``@hvd.elastic.run``, ``state.commit()`` eve
   exactly once over the changes (the worker's audit).
 - Keras 3 model.fit (tests/workers/elastic_keras.py, hvd_elastic.keras.elastic) under bsp and two tick policies (ssp,
   wbsp with overlap): the same checks as their PyTorch jobs.
-- a policy that does not run elastic (lbbsp on Keras, the tick policies in TensorFlow custom loops) is refused at DistributedOptimizer() with one
-  line naming the setting and the policies that do, on every rank, and the job ends non-zero.
+- a TensorFlow custom loop (hvd_elastic.tensorflow, the same worker with --custom-loop) under auto: the same.
+- a policy that does not run elastic (lbbsp on Keras) is refused at DistributedOptimizer() with one line naming the
+  setting and the policies that do, on every rank, and the job ends non-zero.
 
 A killed worker is recovered from here only (tests/test_multihost.py removes a host and adds it back, on a cluster
 of network namespaces, where root is available)."""
@@ -108,6 +109,8 @@ JOBS = {
         {"HVD_ELASTIC_POLICY": "ssp"}, ["--steps-per-epoch", 20]),
     "test_keras_fit_under_wbsp_with_overlap_survives_and_resumes_from_a_survivors_replica": (
         {"HVD_ELASTIC_POLICY": "wbsp", "HVD_ELASTIC_WBSP_OVERLAP": "1"}, ["--steps-per-epoch", 20]),
+    "test_a_tensorflow_custom_loop_under_auto_survives_and_resumes_from_a_survivors_replica": (
+        {"HVD_ELASTIC_POLICY": "auto"}, ["--custom-loop"]),
 }
 KERAS = ("elastic_keras.py", "--hosts-file", "{hosts}", "--np", "{np}")   # the Keras worker, for the jobs named keras
 PARALLEL = 2   # two side by side: each mostly waits for Horovod's driver between a worker's start-ups
@@ -115,7 +118,7 @@ PARALLEL = 2   # two side by side: each mostly waits for Horovod's driver betwee
 
 def _job(tmp_path_factory, name):
     env, extra = JOBS[name]
-    worker = {"worker": KERAS} if "keras" in name else {}
+    worker = {"worker": KERAS} if "keras" in name or "tensorflow" in name else {}
     cmd = _elastic_command(tmp_path_factory.mktemp("elastic"), "localhost:1\n127.0.0.1:1\n", 2, 1,
                            extra=[*CHURN, *extra], **worker)
     return lambda: run(cmd, job_env(env), timeout=300)
@@ -163,7 +166,8 @@ def test_bsp_survives_a_killed_a_removed_and_two_added_workers(elastic_jobs):
 
 
 @pytest.mark.parametrize("name", [n for n in JOBS if "bsp_survives" not in n and "zipline" not in n
-                                  and "lbbsp" not in n and "keras" not in n], ids=lambda n: n.split("_")[1])
+                                  and "lbbsp" not in n and "keras" not in n and "tensorflow" not in n],
+                         ids=lambda n: n.split("_")[1])
 def test_a_tick_policy_survives_and_resumes_from_a_survivors_replica(elastic_jobs, name):
     res, _ = _survived(elastic_jobs, name)
     # each of the four resets resumed from a survivor's replica (the updates it applied), none from a commit
@@ -201,6 +205,16 @@ def test_keras_fit_under_a_tick_policy_survives_and_resumes_from_a_survivors_rep
     global model): the same four changes, every final rank at global batch 60 with identical weights, the final
     ranks' pushes all applied, each reset resumed from a survivor's replica with no more lost than was in flight."""
     res, _ = _survived(elastic_jobs, name)
+    resumed = _resumed(res)
+    assert len(resumed) == 4 and all(r > 0 for r in resumed), resumed
+
+
+def test_a_tensorflow_custom_loop_under_auto_survives_and_resumes_from_a_survivors_replica(elastic_jobs):
+    """A TensorFlow custom loop (hvd_elastic.tensorflow's optimizer, apply_gradients eagerly, KerasState and run of
+    hvd_elastic.keras.elastic) under auto (wbsp with overlap and the lock-step fallback), training on during a wait:
+    the same four changes and checks as the Keras fit jobs."""
+    res, _ = _survived(elastic_jobs, "test_a_tensorflow_custom_loop_under_auto_survives_and_resumes_from_a_survivors_"
+                                     "replica")
     resumed = _resumed(res)
     assert len(resumed) == 4 and all(r > 0 for r in resumed), resumed
 

@@ -356,7 +356,9 @@ def _elastic_apply(self, grads, trainable_variables=None):
         raise ConfigError(f"policy {state.cfg.policy}: call apply_gradients() eagerly (outside tf.function) in a "
                           f"custom loop -- compute the gradients in a tf.function -- or, with model.fit, add "
                           f"hvd_elastic.keras.SyncCallback() to the callbacks")
-    if not state.started:
+    if not state.started or (state.elastic is not None and not state.elastic.ticking()):
+        # the first step, and under elastic Horovod the first after a reset (every rank, a joiner included): the
+        # broadcast and the engine for the ranks of the moment, from the most advanced replica
         state.start(trainable_variables if trainable_variables is not None else self._trainable_variables)
     if state.local_step:
         # A local step on this rank's own copy (compute), through the same tf.function as the ticks.

@@ -1,7 +1,8 @@
 """A Horovod elastic job (horovodrun --elastic, Gloo) with Keras 3 model.fit under hvd_elastic.keras (any policy that
 runs elastic on Keras, HVD_ELASTIC_POLICY):
-hvd_elastic.keras.elastic.KerasState, run and fit, as the Keras elastic recipe of docs/keras.md writes it. The rank set
-changes mid-run as in tests/workers/elastic_torch.py (--kill-at: the worker on 127.0.0.1 SIGKILLs itself once;
+hvd_elastic.keras.elastic.KerasState, run and fit, as the Keras elastic recipe of docs/keras.md writes it; with
+--custom-loop, a TensorFlow custom loop (GradientTape, hvd_elastic.tensorflow's optimizer, apply_gradients eagerly)
+under KerasState and run, as docs/keras.md's custom-loop recipe writes it. The rank set changes mid-run as in tests/workers/elastic_torch.py (--kill-at: the worker on 127.0.0.1 SIGKILLs itself once;
 --remove-at / --add-at: rank 0 rewrites the discovery file; --wait STEP:SIZE: at that global batch every rank commits
 until the job has SIZE ranks), counted in global batches (epoch x --steps-per-epoch + batch).
 
@@ -23,6 +24,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import keras  # noqa: E402
 
 import hvd_elastic.keras as hvdk  # noqa: E402
+import hvd_elastic.tensorflow as hvdtf  # noqa: E402
 
 import discovery  # noqa: E402
 
@@ -38,6 +40,7 @@ ap.add_argument("--wait", action="append", default=[], help="STEP:SIZE")
 ap.add_argument("--host-names", default="")
 ap.add_argument("--step-sleep", type=float, default=0.05)
 ap.add_argument("--commit-every", type=int, default=1)
+ap.add_argument("--custom-loop", action="store_true", help="a TensorFlow custom loop instead of model.fit")
 ap.add_argument("--wait-sleep", type=float, default=3.0,
                 help="tick policies: a step's length while a wait is not met (the last wait has the steps left to the "
                      "run's end, 20 x 3 s by default, for a new worker's start-up on a loaded machine)")
@@ -48,9 +51,11 @@ epochs = args.steps // args.steps_per_epoch
 hvd.init()
 keras.utils.set_random_seed(0)
 model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size(), momentum=0.9))
-model.compile(optimizer=opt, loss="mse")
-state = hvdk.elastic.KerasState(model, sizes=[])
+wrap = hvdtf.DistributedOptimizer if args.custom_loop else hvdk.DistributedOptimizer
+opt = wrap(keras.optimizers.SGD(0.01 * hvd.size(), momentum=0.9))
+if not args.custom_loop:
+    model.compile(optimizer=opt, loss="mse")
+state = hvdk.elastic.KerasState(model, optimizer=opt, sizes=[])
 rng = np.random.default_rng(7)
 x = rng.standard_normal((4096, 8)).astype(np.float32)
 y = x.sum(1, keepdims=True)
@@ -64,8 +69,9 @@ def write_hosts(slots):
 # policy a change of the rank set reaches the ranks through the ticks, which run while the ranks train (only rank 0
 # hears the driver, and an idle rank joins no tick): a wait there slows each step to --wait-sleep instead while the
 # job does not have SIZE ranks yet (from STEP until the next wait's STEP), and a removal or an addition is made at the
-# first batch from its step on at which the wait before it is met.
-TICKS = os.environ.get("HVD_ELASTIC_POLICY", "bsp") != "bsp"
+# first batch from its step on at which the wait before it is met. A custom loop trains on during a wait (steps not
+# counted), as tests/workers/elastic_torch.py does.
+TICKS = os.environ.get("HVD_ELASTIC_POLICY", "bsp") != "bsp" and not args.custom_loop
 
 
 def wait_at(done, before=False):
@@ -84,23 +90,28 @@ def due(done, at, marker):
     return done >= at and (prior is None or hvd.size() == waits[prior])
 
 
+def events(done):
+    """The rank-set changes after global batch `done`: the sizes seen, a removal or an addition, the kill."""
+    if not state.sizes or state.sizes[-1] != hvd.size():
+        state.sizes = state.sizes + [hvd.size()]
+    for at, slots, name in ((args.remove_at, args.np - 1, "removed"), (args.add_at, args.np, "added")):
+        if due(done, at, f"{args.hosts_file}.{name}"):
+            open(f"{args.hosts_file}.{name}", "w").close()
+            write_hosts(slots)
+    marker = args.hosts_file + ".killed"
+    if done == args.kill_at and os.environ.get("HOROVOD_HOSTNAME") == "127.0.0.1" \
+            and not os.path.exists(marker):
+        open(marker, "w").close()
+        print(f"KILLED rank={hvd.rank()} at batch {done}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 class Events(keras.callbacks.Callback):
     """The rank-set changes, at known global batches (fit counts the batch before this callback, commits after)."""
 
     def on_train_batch_end(self, batch, logs=None):
         done = state.epoch * args.steps_per_epoch + state.batch
-        if not state.sizes or state.sizes[-1] != hvd.size():
-            state.sizes = state.sizes + [hvd.size()]
-        for at, slots, name in ((args.remove_at, args.np - 1, "removed"), (args.add_at, args.np, "added")):
-            if due(done, at, f"{args.hosts_file}.{name}"):
-                open(f"{args.hosts_file}.{name}", "w").close()
-                write_hosts(slots)
-        marker = args.hosts_file + ".killed"
-        if done == args.kill_at and os.environ.get("HOROVOD_HOSTNAME") == "127.0.0.1" \
-                and not os.path.exists(marker):
-            open(marker, "w").close()
-            print(f"KILLED rank={hvd.rank()} at batch {done}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+        events(done)
         time.sleep(args.step_sleep)
         if TICKS:
             w = wait_at(done)
@@ -124,10 +135,46 @@ def train(state):
                      verbose=0)
 
 
-train(state)
+loss_fn = keras.losses.MeanSquaredError()
+
+
+@tf.function
+def gradients(xb, yb):
+    with tf.GradientTape() as tape:
+        loss = loss_fn(yb, model(xb, training=True))
+    return tape.gradient(loss, model.trainable_variables)
+
+
+def loop_step(i):
+    xs, ys = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
+    j = (16 * i) % (len(xs) - 16)
+    opt.apply_gradients(zip(gradients(xs[j:j + 16], ys[j:j + 16]), model.trainable_variables))   # eagerly
+
+
+@hvdk.elastic.run
+def train_loop(state):
+    while state.batch < args.steps:
+        loop_step(state.batch)
+        state.batch += 1
+        events(state.batch)
+        time.sleep(args.step_sleep)
+        if state.batch % args.commit_every == 0:
+            state.commit()
+        while state.batch in waits and hvd.size() != waits[state.batch]:
+            loop_step(1000 + state.batch)     # steps not counted, until the driver has changed the rank set
+            time.sleep(0.2)
+            state.commit()
+
+
+if args.custom_loop:
+    train_loop(state)
+    report = hvdtf.finish(opt)
+else:
+    train(state)
+    report = sync.report
 weights = np.concatenate([np.asarray(v.numpy()).ravel() for v in model.trainable_variables])
 digest = zlib.crc32(np.ascontiguousarray(weights).tobytes())
-counters = [r["counters"] for r in sync.report["ranks"]]
+counters = [r["counters"] for r in report["ranks"]]
 mine = counters[hvd.rank()]
 
 

@@ -23,7 +23,8 @@ from typing import Any, Callable, Dict, Mapping, Optional
 from . import registry
 from .engine.pacing import SMALL_WORDS, TICK_PACINGS
 from .engine.policies.base import Policy as _Rule
-from .engine.table import AUTO_EXIT_SPEED, CHUNK_WORDS, HOLD_FRACTION, PEER_SPEED
+from .engine.pacing.rules import AUTO_EXIT_SPEED, HOLD_FRACTION, PEER_SPEED
+from .engine.table import CHUNK_WORDS
 from .errors import ConfigError, install_excepthook
 from .heap import MMAP_THRESHOLD, TRIM_THRESHOLD
 

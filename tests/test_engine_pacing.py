@@ -6,7 +6,7 @@ asp's waits and staleness under a straggler.
 Runs with a global budget (run_job(..., target=...)) train every rank for about the same time, as the workers'
 --target does: fast ranks take more steps than a straggler. Step times are 5-50 ms, long beside a tick of the
 in-memory allreduce (well under a millisecond), so each property holds with a wide margin on a loaded machine; every
-threshold below is a property of the rules (engine/pacing.py, engine/policies/), not of this machine's speed."""
+threshold below is a property of the rules (engine/pacing/, engine/policies/), not of this machine's speed."""
 import numpy as np
 import pytest
 
@@ -48,8 +48,8 @@ def test_dssp_runs_past_the_lower_bound_on_credits_and_never_past_the_upper():
 
 
 def test_zipline_with_equal_speeds_places_nearly_every_barrier_at_the_bound():
-    """While every rank is a peer of every other (engine/table.py still_peers), ZipLine's windows all predict the same
-    wait; such barriers go to the bound, at one clock for every rank (R steps after the least superstep start), so
+    """While every rank is a peer of every other (engine/pacing/rules.py still_peers), ZipLine's windows all predict the
+    same wait; such barriers go to the bound, at one clock for every rank (R steps after the least superstep start), so
     no barrier splits a round of pushes. The same barriers, and the same weights at each of them, on every rank."""
     counters = _nothing_lost(run_job("zipline", [[0.01]] * 4, lookahead=6, target=240))
     assert len({(c["barriers"], c["barriers_at_bound"], c["barrier_digest"]) for c in counters}) == 1, counters
@@ -70,7 +70,7 @@ def test_zipline_under_a_straggler_places_every_barrier_by_its_windows():
 
 @pytest.mark.parametrize("policy", ["asp", "zipline"])
 def test_join_pacing_makes_every_tick_full_and_the_same_on_every_rank(policy):
-    """tick_pacing=join (engine/pacing.py): no probes, every tick carries the payload, and each rank's tick thread
+    """tick_pacing=join (engine/pacing/): no probes, every tick carries the payload, and each rank's tick thread
     decides when to join; every rank issues the same ticks, and zipline's barriers (each one a poll counted from
     the tick) are the same on every rank."""
     counters = _nothing_lost(run_job(policy, STRAGGLER, tick_pacing="join", lookahead=6, target=400))

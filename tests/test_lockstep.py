@@ -14,7 +14,7 @@ from hvd_elastic.config import Config
 from hvd_elastic.engine.policies import Gate, make_policy
 from hvd_elastic.engine.policies.base import Lockstep, server_clocks
 from hvd_elastic.engine.view import GlobalView
-from hvd_elastic.engine.table import LOCKSTEP_RECHECK_S
+from hvd_elastic.engine.pacing.rules import LOCKSTEP_RECHECK_S
 from test_engine import SCHEDULES
 
 STEPS = 25

@@ -34,7 +34,7 @@ def _table(rows):
 
 
 def test_next_probe_is_the_earliest_predicted_event_in_each_rows_own_clock():
-    from hvd_elastic.engine.table import OVERDUE_POLL, QUIET_MARGIN, QUIET_MAX_S, next_probe_s
+    from hvd_elastic.engine.pacing.rules import OVERDUE_POLL, QUIET_MARGIN, QUIET_MAX_S, next_probe_s
     ms = 1_000_000
     # rank 0: last push 10 ms before its snapshot, period 100 ms -> next push in 90 ms, probe 25 ms before it;
     # rank 1 (a clock 5 s off: only differences within its row count): next push in 40 ms -> the earliest
@@ -62,7 +62,7 @@ def test_next_probe_is_the_earliest_predicted_event_in_each_rows_own_clock():
 
 
 def test_release_holds_for_a_peer_due_within_the_window_and_never_for_a_slower_rank():
-    from hvd_elastic.engine.table import release
+    from hvd_elastic.engine.pacing.rules import release
     ms = 1_000_000
     # rank 0 pending since t=100 ms (period 50 ms: hold 25 ms); rank 1 pushed at 60 ms, period 50 -> due at 110
     base = {"PENDING": [1, 0], "PENDING_SINCE_NS": [100 * ms, -1], "NOW_NS": [105 * ms, 105 * ms],
@@ -105,8 +105,8 @@ def test_release_holds_for_a_peer_due_within_the_window_and_never_for_a_slower_r
 
 def test_small_payload_join_waits_for_the_own_push_in_the_first_group_and_sits_otherwise():
     """join_wait_s (small payloads: every tick full): worked out by hand on a 3-rank table, common clock in ms."""
-    from hvd_elastic.engine.table import (GATED, INTERVAL_NS, LAST_PUSH_NS, OVERDUE_POLL, QUIET_MARGIN, QUIET_MAX_S,
-                                           join_wait_s)
+    from hvd_elastic.engine.pacing.rules import OVERDUE_POLL, QUIET_MARGIN, QUIET_MAX_S, join_wait_s
+    from hvd_elastic.engine.table import GATED, INTERVAL_NS, LAST_PUSH_NS
     ms = 1_000_000
     # ranks 0, 1 fast (period 40 ms, next pushes at 140 and 145), rank 2 slow (computes 100 ms, period 120 ms, next
     # push at 150); the fast ranks compute 30 ms of their 40 ms period
@@ -160,7 +160,8 @@ def test_lockstep_join_waits_for_the_own_push_however_late_and_never_on_a_predic
     """lockstep_join_wait_s (the ranks go in lock-step): a thread not held at its gate waits for its rank's push
     (re-decided on every change, at the latest after LOCKSTEP_RECHECK_S), where join_wait_s would join without it;
     held at its gate (or outside), it joins at once."""
-    from hvd_elastic.engine.table import GATED, LOCKSTEP_RECHECK_S, join_wait_s, lockstep_join_wait_s
+    from hvd_elastic.engine.pacing.rules import LOCKSTEP_RECHECK_S, join_wait_s, lockstep_join_wait_s
+    from hvd_elastic.engine.table import GATED
     ms = 1_000_000
     # rank 0 predicted to push at 140 ms; at 200 ms it is 60 ms late: the relaxed join goes in without the push
     meta = _table({"LAST_PUSH_NS": [100 * ms, 105 * ms], "PERIOD_NS": [40 * ms, 40 * ms],
@@ -182,8 +183,8 @@ def test_all_peers_when_every_live_rank_is_a_measured_peer():
     """all_peers (auto pacing's wide join window): step compute times (INTERVAL_NS, else the push period) within the
     factor of each other, every live push period and last sent push known (predictable: auto pacing joins from the
     first such table with nothing pending, peers or not); finished ranks do not count."""
-    from hvd_elastic.engine.table import (AUTO_EXIT_SPEED, INTERVAL_NS, LAST_PUSH_NS, PEER_SPEED, PERIOD_NS, all_peers,
-                                           predictable)
+    from hvd_elastic.engine.pacing.rules import AUTO_EXIT_SPEED, PEER_SPEED, all_peers, predictable
+    from hvd_elastic.engine.table import INTERVAL_NS, LAST_PUSH_NS, PERIOD_NS
     ms = 1_000_000
     equal = _table({"INTERVAL_NS": [30 * ms, 36 * ms, 32 * ms], "PERIOD_NS": [40 * ms, 41 * ms, 40 * ms],
                     "LAST_PUSH_NS": [0, 2 * ms, 1 * ms]})
@@ -205,7 +206,8 @@ def test_all_peers_when_every_live_rank_is_a_measured_peer():
 
 def test_still_peers_enters_at_peer_speed_and_leaves_past_the_exit_speed():
     """still_peers (auto pacing's joins, zipline's barriers at the bound): hysteresis over a sequence of tables."""
-    from hvd_elastic.engine.table import INTERVAL_NS, still_peers
+    from hvd_elastic.engine.pacing.rules import still_peers
+    from hvd_elastic.engine.table import INTERVAL_NS
     ms = 1_000_000
     equal = _table({"INTERVAL_NS": [30 * ms, 36 * ms, 32 * ms], "PERIOD_NS": [40 * ms, 41 * ms, 40 * ms],
                     "LAST_PUSH_NS": [0, 2 * ms, 1 * ms]})

@@ -5,7 +5,7 @@ that are final as backward produces them (stream_ready), and ends it when the wh
 next full tick takes an announced stream: its thread reads each chunk with `accumulate` straight from the
 frontend's tensors once the chunk is final and reduces it at once, so the payload travels while backward still runs
 (as Horovod's per-tensor allreduces do). Announcing it makes peers' probes hold the release for this rank
-(table.release), so equally fast ranks' streams share one tick. A stream no tick took by its end is an ordinary
+(rules.release), so equally fast ranks' streams share one tick. A stream no tick took by its end is an ordinary
 push. Until stream_wait() returns, the frontend must not change the gradients.
 """
 from __future__ import annotations

@@ -13,15 +13,15 @@ Glossary (one word per concept, here and in the modules of the tick machinery):
   (engine/stream.py); pending pushes wait for the next full tick.
 - full tick: payload and table in one allreduce (in chunks when streamed); it delivers every rank's pending pushes.
 - probe: a tick of the table alone; it delivers nothing and announces what is pending.
-- release: the decision, from a probe's table, that the next tick is full, at once (table.release; the hold is how
+- release: the decision, from a probe's table, that the next tick is full, at once (rules.release; the hold is how
   long it waits for peers due to push).
 - busy: most recent ticks carried pushes (BUSY of the last BUSY_WINDOW): probe pacing sends full ticks without
   probes.
 - join: a thread joins a tick when it enters the tick's collective; a tick fires when the last rank's thread has
-  joined it. A joined tick is a full tick each thread joins when the tables say (table.join_wait_s), without a
+  joined it. A joined tick is a full tick each thread joins when the tables say (rules.join_wait_s), without a
   probe before it (join pacing; auto pacing once the pushes are predictable). `join_ticks` counts them.
 - pacing: the rule for the next tick -- full or probe, joined or not, and how long the thread waits before it
-  (engine/pacing.py: probe, join, auto).
+  (engine/pacing/: probe, join, auto).
 - inline tick: a joined tick the training thread runs itself (run_inline) instead of the tick thread.
 - deliver: a completed tick goes to the training thread (take); a delivered push is inside a completed tick.
 - gated, outside: the training thread is held at its gate, or waits in a collective of the script's own (the
@@ -29,9 +29,10 @@ Glossary (one word per concept, here and in the modules of the tick machinery):
 (Ticker.join is Python's thread join: wait for the tick thread to end.)
 
 The parts: Ticker (here) is what the training thread calls; TickLoop (engine/loop.py) is the tick thread and runs
-one tick at a time; the pacing (engine/pacing.py) decides the next tick; Wire (engine/wire.py) issues its
+one tick at a time; the pacing (engine/pacing/) decides the next tick; Wire (engine/wire.py) issues its
 collectives; OwnRow (engine/row.py) is what this rank reports; BufferPool (engine/pool.py) keeps the update
-buffers; Streams (engine/stream.py) keeps the streamed pushes; engine/table.py holds the pure functions of tables.
+buffers; Streams (engine/stream.py) keeps the streamed pushes; engine/table.py holds the table's columns and codec,
+engine/pacing/rules.py the pure functions of tables that pace the ticks.
 
 The tick thread issues a tick when its pacing says, and a push wakes its own rank's thread at once. A tick carries
 one model-sized buffer however many pushes it sums, so communication is bounded by model size / tick interval,

@@ -20,7 +20,7 @@ import numpy as np
 
 from ... import _native
 from ...predictors import predict_interval
-from ..table import PEER_SPEED, observe_lockstep
+from ..pacing.rules import PEER_SPEED, observe_lockstep
 from ..updates import DeltaUpdates, GradientUpdates
 from ..view import GlobalView
 
@@ -50,9 +50,9 @@ class Policy:
     # with s = 0 must never let a rank see another rank's *next* update, which, with the push at the end of
     # backward, is often already in a completed tick when the rank reaches step().
     fresh_reads = False
-    # While the ranks go relaxed, auto tick pacing (engine/pacing.py RELAXED_JOINS) joins ticks: "always" (under a
-    # straggler too), "peers" (only while every rank is a peer of every other; probes otherwise) or "never" (probes;
-    # joined in lock-step only)
+    # While the ranks go relaxed, auto tick pacing (engine/pacing/__init__.py RELAXED_JOINS) joins ticks: "always"
+    # (under a straggler too), "peers" (only while every rank is a peer of every other; probes otherwise) or "never"
+    # (probes; joined in lock-step only)
     relaxed_joins = "always"
     has_barriers = False        # observe() reports barriers, where the engine checks the replicas
     AUTO_MAX_INFLIGHT = 4
@@ -203,7 +203,7 @@ class Lockstep:
 
     def new_rule(self):
         """A rule in its starting state: fed the same tick stream, every copy holds the same mode at the same tick
-        (the tick pacing keeps one on the tick thread: engine/pacing.py AutoPacing)."""
+        (the tick pacing keeps one on the tick thread: engine/pacing/__init__.py AutoPacing)."""
         return _native.LockstepRule(self.size, self.min_gain, self.SETTLE, self.SAMPLE, self.RELAXED_SAMPLE)
 
     @classmethod

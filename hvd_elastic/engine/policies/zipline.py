@@ -6,7 +6,8 @@ from typing import Optional
 import numpy as np
 
 from ... import _native
-from ..table import PERIOD_NS, still_peers
+from ..pacing.rules import still_peers
+from ..table import PERIOD_NS
 from .base import Gate, Intervals, Policy
 
 
@@ -31,7 +32,7 @@ class Zipline(Policy):
         self.R = cfg.lookahead
         self.targets: Optional[np.ndarray] = None
         self.barriers = self.forced = self.at_bound = self.max_superstep = 0
-        self.peers = False   # every rank a peer of every other (table.still_peers on the tick stream)
+        self.peers = False   # every rank a peer of every other (rules.still_peers on the tick stream)
         self.spreads_ns = []
         self.intervals = Intervals(size, cfg.predictor)
 

@@ -8,7 +8,7 @@ identically, so every rank issues the same collectives in the same order.
 
 Probe pacing (probe; for payloads of SMALL_WORDS and more, the pacing outside lock-step): a tick is normally a
 probe, the table alone (a few hundred words), which delivers nothing and tells every rank what each rank has
-pending. When the table shows pending pushes, every rank decides to release them (table.release): the next tick is
+pending. When the table shows pending pushes, every rank decides to release them (rules.release): the next tick is
 full, payload and table in one allreduce, issued at once. The release holds (at most the peer wait, HOLD_FRACTION of
 the pushers' step period by default) for ranks due to push within that window, so that equally fast ranks land in
 one payload instead of one payload each; a straggler is never held for. While most recent ticks carried pushes or
@@ -20,7 +20,7 @@ fast ranks drift apart (docs/design.md).
 
 Join pacing (join; payloads under SMALL_WORDS, 1 MB in float32): every tick is full and joined, and there are no
 probes and no releases: a tick fires when the last rank's thread joins it, so each thread decides *when* to join,
-from the last table and its own live state (table.join_wait_s): a rank due to push with the first group of peers
+from the last table and its own live state (rules.join_wait_s): a rank due to push with the first group of peers
 waits for its own push (bounded by the hold), every other rank joins early and waits inside the collective. One
 collective per round of pushes, where probe -> release -> full tick take two or more: on a 2-core machine each
 Horovod collective costs milliseconds, and a probe costs as much as a small payload. A tick in which nobody pushed
@@ -36,7 +36,7 @@ straggler, its push joins a tick of the fast group's (due first, it waits for it
 its thread joins their tick early and its push goes into their next): one collective per fast round. While the
 policy's lock-step fallback holds the ranks in lock-step (policies/base.py Lockstep; the pacing keeps its own copy
 of the rule, fed the same tables), ticks are joined for every policy, zipline too, and a thread joins with its own
-push or once its rank is held at its gate (table.lockstep_join_wait_s): every rank pushes once a round, and the
+push or once its rank is held at its gate (rules.lockstep_join_wait_s): every rank pushes once a round, and the
 round's one tick carries every push, as BSP's allreduce does. While every rank is a peer of every other, the join
 window widens (AUTO_JOIN_HOLD x the release hold: one period), so that a round whose pushes all come late (a slow
 tick delays every rank's next step alike) still lands in one tick, and groups the peers by AUTO_EXIT_SPEED (a rank's
@@ -52,7 +52,7 @@ between its steps. Measurements: docs/benchmarks.md.
 
 All modes share the tick_s back-off (Backoff): the thread looks at most every tick_s, doubling up to max_idle_s
 while ticks come back empty; probe pacing sleeps instead until shortly before the next event the table predicts
-(table.next_probe_s), since on a CPU machine probes in between only take cycles from the computation.
+(rules.next_probe_s), since on a CPU machine probes in between only take cycles from the computation.
 """
 from __future__ import annotations
 
@@ -61,8 +61,9 @@ from typing import Deque, Optional
 
 import numpy as np
 
-from .table import (AUTO_EXIT_SPEED, CHUNK_WORDS, PEER_SPEED, join_wait_s, lockstep_join_wait_s, next_probe_s,
-                    nothing_pending, observe_lockstep, predictable, release, still_peers)
+from ..table import CHUNK_WORDS
+from .rules import (AUTO_EXIT_SPEED, PEER_SPEED, join_wait_s, lockstep_join_wait_s, next_probe_s, nothing_pending,
+                    observe_lockstep, predictable, release, still_peers)
 
 BUSY_WINDOW, BUSY = 8, 6   # probe pacing: full ticks without probes while BUSY of the last BUSY_WINDOW ticks had pushes
 TICK_PACINGS = ("probe", "join", "auto")   # HVD_ELASTIC_TICK_PACING: the modes below
@@ -149,7 +150,7 @@ class JoinPacing:
 
     def join_wait_s(self, meta: np.ndarray, rank: int, now_ns: int, own_due_ns: Optional[int] = None
                     ) -> Optional[float]:
-        """How long this rank's thread waits before it joins the next tick (table.join_wait_s), from the last table
+        """How long this rank's thread waits before it joins the next tick (rules.join_wait_s), from the last table
         with this rank's own row as it stands now, and its own next push as its current step predicts it."""
         hold, speed = (self.hold_fraction * AUTO_JOIN_HOLD, AUTO_EXIT_SPEED) if self.wide \
             else (self.hold_fraction, PEER_SPEED)

@@ -109,7 +109,7 @@ REGISTRY: Dict[str, Policy] = {p.name: p for p in (
     Policy("lbbsp", "load-balanced bulk synchronous: per-rank batch sizes re-sized every step", lockstep=True,
            balances_batches=True,
            knobs=("predictor", "lbbsp_mode", "lbbsp_tolerance", "global_batch", "lbbsp_caps", "emulate_sample_delay"),
-           refuses=HOROVOD_ARGUMENTS, frontends=("PyTorch", "Keras"), elastic=("PyTorch",)),
+           refuses=HOROVOD_ARGUMENTS, frontends=("PyTorch", "Keras"), elastic=("PyTorch", "Keras")),
     Policy("wbsp", "worker-busy synchronous: fast ranks never wait, asymmetric upload and download",
            lockstep=False, rule=_RULES + "wbsp:Wbsp", deltas=True,
            knobs=("wbsp_overlap", "wbsp_lockstep", "relax_min_gain") + TICK_KNOBS,

@@ -28,6 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from .. import config as _config
 from .. import stall as _stall
 from ..errors import ConfigError
 from ..lbbsp import BatchPlan
@@ -253,7 +254,12 @@ def lbbsp_dataset(optimizer, data, seed: int = 0, drop_last: bool = True, shuffl
     if not arrays or any(len(a) != len(arrays[0]) for a in arrays):
         raise ValueError(f"lbbsp_dataset(): data must be arrays of one length, got lengths "
                          f"{[len(a) for a in arrays]}")
-    plan = BatchPlan(len(arrays[0]), lambda: state.session.lbbsp, seed=seed, drop_last=drop_last, shuffle=shuffle)
+    resets = lambda: 0   # noqa: E731
+    if _config.horovod_elastic():
+        from ..tensorflow.elastic import resets  # noqa: F811
+    plan = BatchPlan(len(arrays[0]), lambda: state.session.lbbsp, seed=seed, drop_last=drop_last, shuffle=shuffle,
+                     resets=resets)
+    state.plan = plan     # hvd_elastic.keras.elastic.KerasState keeps its place in the data
     tensors = [tf.constant(a) for a in arrays]
 
     def gather(idx):

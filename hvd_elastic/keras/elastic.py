@@ -1,6 +1,7 @@
 """Elastic Horovod for Keras 3 ``model.fit`` (``horovodrun --elastic``), built on ``horovod.tensorflow`` only:
 Horovod's own Keras elastic state (``horovod.tensorflow.elastic.TensorFlowKerasState``) calls ``optimizer.variables()``,
-a list in Keras 3, and fails at its first save. Under bsp and the tick policies (lbbsp is refused)::
+a list in Keras 3, and fails at its first save. Under every policy (lbbsp: fit reads ``lbbsp_dataset``, made once,
+before the first fit; the state keeps its batch plan)::
 
     import horovod.tensorflow as hvd
     import hvd_elastic.keras as hvdk
@@ -19,10 +20,12 @@ a list in Keras 3, and fails at its first save. Under bsp and the tick policies 
 
 - :class:`KerasState` keeps the model's variables and the optimizer's (built first, so a worker that joins has the
   same slots to receive) at each commit, restores them after a failure and broadcasts rank 0's at each sync, with the
-  script's own attributes (``epoch``, ``batch``, ...) as Horovod's ObjectState does.
-- :func:`run` is Horovod's elastic loop; a failed Horovod op inside the compiled train step surfaces in TensorFlow as
-  an op error naming the op, which becomes the HorovodInternalError that loop recovers from (any other error is
-  raised as it is).
+  script's own attributes (``epoch``, ``batch``, ...) as Horovod's ObjectState does; under lbbsp, with them, the
+  place in the data of the optimizer's ``lbbsp_dataset`` (its batch plan), so an epoch resumes at its first global
+  batch not stepped, dealt over the ranks of the moment (tensorflow/elastic.py rebuilds the plan's controller).
+- :func:`run` is Horovod's elastic loop (its resets counted in tensorflow/elastic.py); a failed Horovod op inside
+  the compiled train step surfaces in TensorFlow as an op error naming the op, which becomes the
+  HorovodInternalError that loop recovers from (any other error is raised as it is).
 - :func:`fit` runs model.fit from where the state stands (``state.epoch``, ``state.batch``) and commits as it goes:
   an epoch cut short by a reset runs only the batches it still had (Keras 3's fit cannot start an epoch mid-way, so
   that part is a fit of its own), so each rank takes ``epochs x steps_per_epoch`` steps whatever the resets.
@@ -42,7 +45,8 @@ from horovod.common.exceptions import HorovodInternalError
 
 from .. import elastic as _elastic
 from ..engine.ticker import TickerError
-from ..tensorflow._core import broadcast_variables
+from ..tensorflow import elastic as _tf_elastic
+from ..tensorflow._core import broadcast_variables, state_of
 
 
 class KerasState(ObjectState):
@@ -69,17 +73,27 @@ class KerasState(ObjectState):
     def _variables(self):
         return list(self.model.variables) + list(self.optimizer.variables)
 
+    def _plan(self):
+        """lbbsp: the batch plan of the optimizer's lbbsp_dataset (its place in the data), or None."""
+        wrapped = state_of(self.optimizer)
+        return wrapped.plan if wrapped is not None else None
+
     def _values(self):
         return [np.array(v.numpy(), copy=True) for v in self._variables()]
 
     def save(self):
         self._saved = self._values()
+        plan = self._plan()
+        self._saved_plan = plan.state_dict() if plan is not None else None
         super().save()
 
     def restore(self):
         _elastic.keep_replicas()    # a tick policy's most advanced replica, before the commit comes back
         for v, saved in zip(self._variables(), self._saved):
             v.assign(saved)
+        plan = self._plan()
+        if plan is not None and getattr(self, "_saved_plan", None) is not None:
+            plan.load_state_dict(self._saved_plan)
         super().restore()
 
     def check_host_updates(self):
@@ -89,6 +103,10 @@ class KerasState(ObjectState):
     def sync(self):
         broadcast_variables(self._variables(), root_rank=0, name="hvd_elastic.keras.state.vars")
         self._saved = self._values()
+        plan = self._plan()
+        if plan is not None:      # rank 0's place in the data (every rank made the dataset before the first fit)
+            self._saved_plan = hvd.broadcast_object(plan.state_dict(), root_rank=0, name="hvd_elastic.keras.state.plan")
+            plan.load_state_dict(self._saved_plan)
         super().sync()
 
 
@@ -110,6 +128,7 @@ def run(func):
             raise _elastic.ElasticRun.failed(e) from e
 
     def reset():
+        _tf_elastic.note_reset()
         stopped = _elastic.stop_engines()    # a tick policy's engine stops before Horovod shuts down
         hvd.shutdown()
         _elastic.join_stopped(stopped)

@@ -140,6 +140,8 @@ class ElasticState:
         self.started = False
         self.apply_flat = None
         self.elastic = None    # elastic Horovod under a tick policy (tensorflow/elastic.py)
+        self.lbbsp_resets = None   # ... and under lbbsp
+        self.plan = None       # lbbsp: the batch plan of the latest lbbsp_dataset (kept in the elastic state)
 
     @property
     def cfg(self) -> _config.Config:
@@ -151,7 +153,7 @@ class ElasticState:
         if self.session.report is not None:
             self.session = _session(load_config(self.policy_kwargs, self.frontend))
             self.started = False
-            self.elastic = None     # elastic Horovod: the next start's engine belongs to the new session
+            self.elastic = self.lbbsp_resets = None   # elastic Horovod: the new session's, from its start
 
     def start(self, trainable_variables, model_variables=None, root_rank: int = 0, mode: Optional[str] = None):
         """Collective: build the optimizer, broadcast weights and optimizer state from `root_rank`, start the
@@ -170,6 +172,8 @@ class ElasticState:
         if not spec.horovod_optimizer:
             self._build_flat(trainable_variables)
         if self.session.lbbsp is not None:
+            if _config.horovod_elastic():
+                self._follow_lbbsp_resets()
             self.session.lbbsp.bind(self.flat.numel, self.flat.dtype)
         elif spec.ticks and _config.horovod_elastic():
             # built now and again after each reset, for the ranks of the moment, from the most advanced replica
@@ -181,6 +185,14 @@ class ElasticState:
             self.start_engine()
         self.started = True
         self.session.last_step_end = time.perf_counter()
+
+    def _follow_lbbsp_resets(self):
+        """lbbsp under elastic Horovod: the controller for the ranks of the moment (tensorflow/elastic.py)."""
+        if self.lbbsp_resets is None:
+            from .elastic import LbbspResets
+            self.lbbsp_resets = LbbspResets()
+            self.session.counter_sources.append(self.lbbsp_resets.counters)
+        self.lbbsp_resets.follow(self.session)
 
     def _build_flat(self, trainable_variables):
         """The flat layout of the trained variables, the gradient buffers (defer mode), and ``apply_flat``: the

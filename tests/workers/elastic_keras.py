@@ -2,9 +2,15 @@
 runs elastic on Keras, HVD_ELASTIC_POLICY):
 hvd_elastic.keras.elastic.KerasState, run and fit, as the Keras elastic recipe of docs/keras.md writes it; with
 --custom-loop, a TensorFlow custom loop (GradientTape, hvd_elastic.tensorflow's optimizer, apply_gradients eagerly)
-under KerasState and run, as docs/keras.md's custom-loop recipe writes it. The rank set changes mid-run as in tests/workers/elastic_torch.py (--kill-at: the worker on 127.0.0.1 SIGKILLs itself once;
---remove-at / --add-at: rank 0 rewrites the discovery file; --wait STEP:SIZE: at that global batch every rank commits
-until the job has SIZE ranks), counted in global batches (epoch x --steps-per-epoch + batch).
+under KerasState and run, as docs/keras.md's custom-loop recipe writes it. Under lbbsp (HVD_ELASTIC_GLOBAL_BATCH=B)
+model.fit reads hvd_elastic.keras.lbbsp_dataset over --steps-per-epoch x B samples, whose batch plan the KerasState
+keeps, and the model carries an audit as tests/workers/elastic_torch.py's does: a layer whose weight `seen` has one
+entry per sample and gains exactly 1 each time the sample's gradient goes into a step through lbbsp's exchange, so
+that after the epochs seen[i] is --steps / --steps-per-epoch everywhere when every sample was taken once per epoch
+over the resets (``audit_off=<samples whose count is not that>``). The rank set changes mid-run as in
+tests/workers/elastic_torch.py (--kill-at: the worker on 127.0.0.1 SIGKILLs itself once; --remove-at / --add-at:
+rank 0 rewrites the discovery file; --wait STEP:SIZE: at that global batch every rank commits until the job has SIZE
+ranks), counted in global batches (epoch x --steps-per-epoch + batch).
 
 Prints, per rank at the end, the line of tests/workers/elastic_torch.py (batch: global batches done), and rank 0 the
 plugin's report.
@@ -48,17 +54,50 @@ args = ap.parse_args()
 waits = dict(tuple(map(int, w.split(":"))) for w in args.wait)
 epochs = args.steps // args.steps_per_epoch
 
+LBBSP = os.environ.get("HVD_ELASTIC_POLICY") == "lbbsp"
+LR = 0.01
+
+
+class Audit(keras.layers.Layer):
+    """lbbsp's audit (the input's last column is the sample's index): a loss term -scale x mean(seen[index]) over the
+    rank's batch, whose gradient, weighted by b_p / B in lbbsp's exchange, is -scale / B on each sample of the global
+    batch; with SGD at lr = B / scale and no momentum each step adds exactly 1 to seen[i] of its samples."""
+
+    def __init__(self, n, scale):
+        super().__init__()
+        self.n, self.scale = n, scale
+
+    def build(self, input_shape):
+        self.seen = self.add_weight(shape=(self.n,), initializer="zeros", name="seen")
+
+    def call(self, inputs):
+        self.add_loss(-self.scale * tf.reduce_mean(tf.gather(self.seen, tf.cast(inputs[:, -1], tf.int32))))
+        return inputs[:, :-1]
+
+
 hvd.init()
 keras.utils.set_random_seed(0)
-model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-wrap = hvdtf.DistributedOptimizer if args.custom_loop else hvdk.DistributedOptimizer
-opt = wrap(keras.optimizers.SGD(0.01 * hvd.size(), momentum=0.9))
-if not args.custom_loop:
-    model.compile(optimizer=opt, loss="mse")
-state = hvdk.elastic.KerasState(model, optimizer=opt, sizes=[])
 rng = np.random.default_rng(7)
 x = rng.standard_normal((4096, 8)).astype(np.float32)
 y = x.sum(1, keepdims=True)
+layers = [keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)]
+if LBBSP:
+    B = int(os.environ["HVD_ELASTIC_GLOBAL_BATCH"])
+    n = args.steps_per_epoch * B
+    x = np.concatenate([x[:n], np.arange(n, dtype=np.float32)[:, None]], axis=1)   # the index, for the audit
+    y = y[:n]
+    audit = Audit(n, B / LR)
+    model = keras.Sequential([keras.Input((9,)), audit, *layers])
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(LR))
+else:
+    model = keras.Sequential([keras.Input((8,)), *layers])
+    wrap = hvdtf.DistributedOptimizer if args.custom_loop else hvdk.DistributedOptimizer
+    opt = wrap(keras.optimizers.SGD(LR * hvd.size(), momentum=0.9))
+if not args.custom_loop:
+    model.compile(optimizer=opt, loss="mse")
+state = hvdk.elastic.KerasState(model, optimizer=opt, sizes=[])
+# lbbsp: every rank makes the dataset (its batch plan) before the first fit; the KerasState keeps the plan's place
+data = hvdk.lbbsp_dataset(opt, (x, y), seed=0) if LBBSP else None
 
 
 def write_hosts(slots):
@@ -71,7 +110,7 @@ def write_hosts(slots):
 # job does not have SIZE ranks yet (from STEP until the next wait's STEP), and a removal or an addition is made at the
 # first batch from its step on at which the wait before it is met. A custom loop trains on during a wait (steps not
 # counted), as tests/workers/elastic_torch.py does.
-TICKS = os.environ.get("HVD_ELASTIC_POLICY", "bsp") != "bsp" and not args.custom_loop
+TICKS = os.environ.get("HVD_ELASTIC_POLICY", "bsp") != "bsp" and not args.custom_loop and not LBBSP
 
 
 def wait_at(done, before=False):
@@ -128,11 +167,15 @@ sync = hvdk.SyncCallback()
 
 @hvdk.elastic.run
 def train(state):
+    callbacks = [sync, hvdk.MetricAverageCallback(), Events()]
+    if LBBSP:       # the plan deals each global batch over the ranks of the moment
+        hvdk.elastic.fit(model, state, data, epochs=epochs, steps_per_epoch=args.steps_per_epoch,
+                         batches_per_commit=args.commit_every, callbacks=callbacks, verbose=0)
+        return
     # the data of the rank of the moment (ranks renumber at a reset)
     xs, ys = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
     hvdk.elastic.fit(model, state, xs, ys, epochs=epochs, steps_per_epoch=args.steps_per_epoch, batch_size=16,
-                     batches_per_commit=args.commit_every, callbacks=[sync, hvdk.MetricAverageCallback(), Events()],
-                     verbose=0)
+                     batches_per_commit=args.commit_every, callbacks=callbacks, verbose=0)
 
 
 loss_fn = keras.losses.MeanSquaredError()
@@ -189,4 +232,5 @@ print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.epoch * args.st
       f"pushed={sum(c.get('pushed', 0) for c in counters)} applied={mine.get('applied_contributions', 0)} "
       f"resets={mine.get('elastic_resets', 0)} resumed={per_reset('elastic_resumed_from_updates')} "
       f"lost={per_reset('elastic_lost_updates')} in_flight={per_reset('elastic_in_flight_updates')} "
-      f"beyond_commit={per_reset('elastic_beyond_commit_updates')}", flush=True)
+      f"beyond_commit={per_reset('elastic_beyond_commit_updates')}"
+      f"{f' audit_off={int((np.abs(audit.seen.numpy() - epochs) > 1e-3).sum())}' if LBBSP else ''}", flush=True)

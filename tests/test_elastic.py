@@ -13,6 +13,7 @@ Horovod elastic script (TorchState, ``@hvd.elastic.run``, ``state.commit()`` eve
 - a TensorFlow custom loop (hvd_elastic.tensorflow, the same worker with --custom-loop) under auto: the same.
 - Keras 3 model.fit under lbbsp (hvd_elastic.keras.lbbsp_dataset, its batch plan in the KerasState): the same, with
   the worker's audit over each epoch.
+- SyncCallback(global_steps=...) under bsp in an elastic Keras job: refused with one line per rank, no hang.
 - every policy runs elastic on every frontend it runs on; a policy declared without it would be refused at load()
   with one line naming the setting and the policies that do.
 
@@ -230,6 +231,25 @@ def test_a_tensorflow_custom_loop_under_auto_survives_and_resumes_from_a_survivo
                                      "replica")
     resumed = _resumed(res)
     assert len(resumed) == 4 and all(r > 0 for r in resumed), resumed
+
+
+def test_a_global_steps_budget_under_a_lockstep_policy_in_elastic_keras_is_refused_with_one_line_per_rank(tmp_path):
+    """SyncCallback(global_steps=...) under elastic Horovod with bsp: each rank would count the steps since its own
+    start (a joiner fewer), so the ranks would stop at different steps and the others wait for them in the next
+    allreduce; refused at fit's start with one line naming the setting and what to write, on every rank, no hang."""
+    cmd = _elastic_command(tmp_path, "localhost:2\n", np=2, min_np=1, extra=["--steps", 20, "--budget", 40],
+                           worker=KERAS)
+    res = run(cmd, job_env({"HVD_ELASTIC_POLICY": "bsp"}), timeout=180)
+    out = res.output
+    assert not res.timed_out and res.returncode != 0, out[-4000:]
+    lines = [line for line in out.splitlines() if "hvd_elastic: error:" in line
+             and "SyncCallback(global_steps=40) under elastic Horovod with policy bsp" in line
+             and "epochs x steps_per_epoch" in line]
+    ranks = {re.match(r"^\[(\d+)\]", line).group(1) for line in lines if re.match(r"^\[\d+\]", line)}
+    assert ranks >= {"0", "1"}, out[-4000:]
+    assert not [line for line in out.splitlines() if re.match(r"^\[\d+\]<std", line) and "Traceback" in line], \
+        out[-4000:]
+    print(f"refused, job ended in {res.elapsed:.1f} s")
 
 
 def test_a_policy_declared_without_elastic_support_is_refused_under_elastic_horovod_in_one_line(monkeypatch):

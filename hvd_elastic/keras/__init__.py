@@ -83,6 +83,8 @@ class SyncCallback(keras.callbacks.Callback):
     global_steps: optional budget of steps taken by all ranks together; a rank stops (``model.stop_training``)
     once it is reached, so under relaxed policies fast ranks take more of them. Use it with a single epoch (or an
     epoch count every rank reaches) when MetricAverageCallback is used: its epoch-end average is a collective.
+    Under elastic Horovod it is refused for bsp and lbbsp (each rank would count from its own start); the tick
+    policies count the job's steps over every reset.
     """
 
     def __init__(self, root_rank: int = 0, global_steps: Optional[int] = None):
@@ -100,6 +102,11 @@ class SyncCallback(keras.callbacks.Callback):
         state.restart_if_finished()
         self._state = state
         policy, spec = state.cfg.policy, state.cfg.spec
+        if self.budget is not None and spec.lockstep and _config.horovod_elastic():
+            raise ConfigError(f"SyncCallback(global_steps={self.budget}) under elastic Horovod with policy {policy}: "
+                              f"each rank counts the steps it took since it started, so the ranks would stop at "
+                              f"different steps; give hvd_elastic.keras.elastic.fit the job's length instead (epochs "
+                              f"x steps_per_epoch, counted in the KerasState)")
         if not spec.horovod_optimizer and int(getattr(model, "steps_per_execution", 1) or 1) != 1:
             raise ConfigError(f"policy {policy} needs steps_per_execution=1 in model.compile (one engine step per "
                               f"batch)")

@@ -46,6 +46,7 @@ ap.add_argument("--wait", action="append", default=[], help="STEP:SIZE")
 ap.add_argument("--host-names", default="")
 ap.add_argument("--step-sleep", type=float, default=0.05)
 ap.add_argument("--commit-every", type=int, default=1)
+ap.add_argument("--budget", type=int, default=None, help="SyncCallback(global_steps=...)")
 ap.add_argument("--custom-loop", action="store_true", help="a TensorFlow custom loop instead of model.fit")
 ap.add_argument("--wait-sleep", type=float, default=3.0,
                 help="tick policies: a step's length while a wait is not met (the last wait has the steps left to the "
@@ -162,7 +163,7 @@ class Events(keras.callbacks.Callback):
             state.commit()      # raises HostsUpdatedInterrupt once the driver has changed the rank set
 
 
-sync = hvdk.SyncCallback()
+sync = hvdk.SyncCallback(global_steps=args.budget)
 
 
 @hvdk.elastic.run

@@ -381,7 +381,8 @@ def global_steps(optimizer) -> int:
     """Steps taken by all ranks together, as far as this rank knows (exact under bsp; under relaxed policies the
     delivered clocks of the others plus this rank's own steps; under elastic Horovod and a tick policy, over every
     reset: the steps in the state each reset resumed from, on every rank, joiners included). Loop on it to train for
-    a global step budget."""
+    a global step budget -- except under elastic Horovod with bsp or lbbsp, where it counts this process's steps
+    times the ranks of the moment (a joiner counts from its own start): loop on a count kept in the TorchState."""
     state = state_of(optimizer, "global_steps")
     steps = state.session.global_steps()
     return state.elastic.global_steps(steps) if state.elastic is not None else steps

@@ -13,7 +13,8 @@ Horovod elastic script (TorchState, ``@hvd.elastic.run``, ``state.commit()`` eve
 - a TensorFlow custom loop (hvd_elastic.tensorflow, the same worker with --custom-loop) under auto: the same.
 - Keras 3 model.fit under lbbsp (hvd_elastic.keras.lbbsp_dataset, its batch plan in the KerasState): the same, with
   the worker's audit over each epoch.
-- SyncCallback(global_steps=...) under bsp in an elastic Keras job: refused with one line per rank, no hang.
+- SyncCallback(global_steps=...) under bsp in an elastic Keras job, and under lbbsp a dataset made again after a
+  reset: refused with one line, no hang.
 - every policy runs elastic on every frontend it runs on; a policy declared without it would be refused at load()
   with one line naming the setting and the policies that do.
 
@@ -250,6 +251,24 @@ def test_a_global_steps_budget_under_a_lockstep_policy_in_elastic_keras_is_refus
     assert not [line for line in out.splitlines() if re.match(r"^\[\d+\]<std", line) and "Traceback" in line], \
         out[-4000:]
     print(f"refused, job ended in {res.elapsed:.1f} s")
+
+
+def test_an_lbbsp_dataset_made_again_after_a_reset_is_refused_with_one_line(tmp_path):
+    """lbbsp on Keras with the dataset made inside the elastic function: after a reset (a worker SIGKILLed) the
+    survivor makes a second dataset, which would start the epoch over; refused with one line saying where to make
+    it, and the job ends non-zero without a hang."""
+    cmd = _elastic_command(tmp_path, "localhost:1\n127.0.0.1:1\n", 2, 1, worker=KERAS,
+                           extra=["--host-names", "localhost,127.0.0.1", "--steps", 40, "--kill-at", 5,
+                                  "--steps-per-epoch", 20, "--dataset-inside"])
+    res = run(cmd, job_env({"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_GLOBAL_BATCH": "32"}), timeout=180)
+    out = res.output
+    assert not res.timed_out and res.returncode != 0, out[-4000:]
+    assert len(res.lines_with("KILLED rank=")) == 1, out[-4000:]
+    lines = [line for line in out.splitlines() if "hvd_elastic: error:" in line
+             and "lbbsp_dataset() was called again" in line and "before the function of" in line]
+    assert len(lines) == 1, out[-4000:]
+    assert not [line for line in out.splitlines() if re.match(r"^\[\d+\]<std", line) and "Traceback" in line], \
+        out[-4000:]
 
 
 def test_a_policy_declared_without_elastic_support_is_refused_under_elastic_horovod_in_one_line(monkeypatch):

@@ -263,6 +263,10 @@ def lbbsp_dataset(optimizer, data, seed: int = 0, drop_last: bool = True, shuffl
                          f"{[len(a) for a in arrays]}")
     resets = lambda: 0   # noqa: E731
     if _config.horovod_elastic():
+        if state.plan is not None:
+            raise ConfigError("policy lbbsp under elastic Horovod: lbbsp_dataset() was called again for this "
+                              "optimizer (a new dataset starts the epoch over); make it once, before the function of "
+                              "hvd_elastic.keras.elastic.run, so that the KerasState keeps its place in the data")
         from ..tensorflow.elastic import resets  # noqa: F811
     plan = BatchPlan(len(arrays[0]), lambda: state.session.lbbsp, seed=seed, drop_last=drop_last, shuffle=shuffle,
                      resets=resets)

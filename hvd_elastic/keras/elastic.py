@@ -45,8 +45,14 @@ from horovod.common.exceptions import HorovodInternalError
 
 from .. import elastic as _elastic
 from ..engine.ticker import TickerError
+from ..errors import ConfigError
 from ..tensorflow import elastic as _tf_elastic
 from ..tensorflow._core import broadcast_variables, state_of
+
+
+_DATASET_FIRST = ("policy lbbsp under elastic Horovod: make the dataset once, before the function of "
+                  "hvd_elastic.keras.elastic.run (data = hvd_elastic.keras.lbbsp_dataset(optimizer, ...)), on every "
+                  "rank, so that the KerasState keeps its place in the data over the resets")
 
 
 class KerasState(ObjectState):
@@ -104,9 +110,14 @@ class KerasState(ObjectState):
         broadcast_variables(self._variables(), root_rank=0, name="hvd_elastic.keras.state.vars")
         self._saved = self._values()
         plan = self._plan()
-        if plan is not None:      # rank 0's place in the data (every rank made the dataset before the first fit)
-            self._saved_plan = hvd.broadcast_object(plan.state_dict(), root_rank=0, name="hvd_elastic.keras.state.plan")
-            plan.load_state_dict(self._saved_plan)
+        # lbbsp: rank 0's place in the data; every rank takes part (a joiner made its dataset before the first fit)
+        root = hvd.broadcast_object(plan.state_dict() if plan is not None else None, root_rank=0,
+                                    name="hvd_elastic.keras.state.plan")
+        if plan is not None:
+            if root is None:
+                raise ConfigError(_DATASET_FIRST)
+            self._saved_plan = root
+            plan.load_state_dict(root)
         super().sync()
 
 

@@ -46,6 +46,8 @@ ap.add_argument("--wait", action="append", default=[], help="STEP:SIZE")
 ap.add_argument("--host-names", default="")
 ap.add_argument("--step-sleep", type=float, default=0.05)
 ap.add_argument("--commit-every", type=int, default=1)
+ap.add_argument("--dataset-inside", action="store_true",
+                help="lbbsp: make the dataset inside the elastic function (refused at its second call)")
 ap.add_argument("--budget", type=int, default=None, help="SyncCallback(global_steps=...)")
 ap.add_argument("--custom-loop", action="store_true", help="a TensorFlow custom loop instead of model.fit")
 ap.add_argument("--wait-sleep", type=float, default=3.0,
@@ -98,7 +100,7 @@ if not args.custom_loop:
     model.compile(optimizer=opt, loss="mse")
 state = hvdk.elastic.KerasState(model, optimizer=opt, sizes=[])
 # lbbsp: every rank makes the dataset (its batch plan) before the first fit; the KerasState keeps the plan's place
-data = hvdk.lbbsp_dataset(opt, (x, y), seed=0) if LBBSP else None
+data = hvdk.lbbsp_dataset(opt, (x, y), seed=0) if LBBSP and not args.dataset_inside else None
 
 
 def write_hosts(slots):
@@ -170,7 +172,8 @@ sync = hvdk.SyncCallback(global_steps=args.budget)
 def train(state):
     callbacks = [sync, hvdk.MetricAverageCallback(), Events()]
     if LBBSP:       # the plan deals each global batch over the ranks of the moment
-        hvdk.elastic.fit(model, state, data, epochs=epochs, steps_per_epoch=args.steps_per_epoch,
+        ds = hvdk.lbbsp_dataset(opt, (x, y), seed=0) if args.dataset_inside else data
+        hvdk.elastic.fit(model, state, ds, epochs=epochs, steps_per_epoch=args.steps_per_epoch,
                          batches_per_commit=args.commit_every, callbacks=callbacks, verbose=0)
         return
     # the data of the rank of the moment (ranks renumber at a reset)

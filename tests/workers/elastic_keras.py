@@ -2,7 +2,7 @@
 runs elastic on Keras, HVD_ELASTIC_POLICY):
 hvd_elastic.keras.elastic.KerasState, run and fit, as the Keras elastic recipe of docs/keras.md writes it; with
 --custom-loop, a TensorFlow custom loop (GradientTape, hvd_elastic.tensorflow's optimizer, apply_gradients eagerly)
-under KerasState and run, as docs/keras.md's custom-loop recipe writes it. Under lbbsp (HVD_ELASTIC_GLOBAL_BATCH=B)
+under KerasState and run, as docs/keras.md's custom-loop recipe writes it. Under lbbsp (B: HVD_ELASTIC_GLOBAL_BATCH, 32 by default)
 model.fit reads hvd_elastic.keras.lbbsp_dataset over --steps-per-epoch x B samples, whose batch plan the KerasState
 keeps, and the model carries an audit as tests/workers/elastic_torch.py's does: a layer whose weight `seen` has one
 entry per sample and gains exactly 1 each time the sample's gradient goes into a step through lbbsp's exchange, so
@@ -85,13 +85,13 @@ x = rng.standard_normal((4096, 8)).astype(np.float32)
 y = x.sum(1, keepdims=True)
 layers = [keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)]
 if LBBSP:
-    B = int(os.environ["HVD_ELASTIC_GLOBAL_BATCH"])
+    B = int(os.environ.get("HVD_ELASTIC_GLOBAL_BATCH", 32))
     n = args.steps_per_epoch * B
     x = np.concatenate([x[:n], np.arange(n, dtype=np.float32)[:, None]], axis=1)   # the index, for the audit
     y = y[:n]
     audit = Audit(n, B / LR)
     model = keras.Sequential([keras.Input((9,)), audit, *layers])
-    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(LR))
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(LR), global_batch=B)
 else:
     model = keras.Sequential([keras.Input((8,)), *layers])
     wrap = hvdtf.DistributedOptimizer if args.custom_loop else hvdk.DistributedOptimizer

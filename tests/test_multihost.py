@@ -207,7 +207,7 @@ def _elastic_job(folder, policy):
            "--host-names", ",".join(HOSTS[:3]), "--steps", "80", "--remove-at", "20", "--wait", "20:2",
            "--add-at", "40", "--wait", "40:3", *(["--steps-per-epoch", "20"] if keras else [])]
     env = {"HVD_ELASTIC_POLICY": policy, **({"HVD_ELASTIC_WBSP_OVERLAP": "1"} if policy == "wbsp" else {})}
-    return lambda: run(cmd, job_env(env), timeout=240)
+    return lambda: run(cmd, job_env(env), timeout=420)   # five side by side on two cores: each waits for the others
 
 
 @pytest.fixture(scope="module")

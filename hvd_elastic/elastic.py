@@ -39,6 +39,7 @@ from typing import Any, List, NamedTuple, Optional
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 from .engine.ticker import TickerError
+from .lbbsp import LbbspController
 
 STOP_WAIT_S = 10.0   # how long a reset waits for a stopped tick thread to end after Horovod's shutdown
 
@@ -248,6 +249,32 @@ def resets() -> int:
 def reset_began() -> float:
     """perf_counter() when the latest reset began."""
     return _RESETS["at"]
+
+
+class LbbspResets:
+    """lbbsp under elastic Horovod, either frontend: the steps are synchronous, so a reset is Horovod's (the last
+    commit after a failure, rank 0's state at the sync); at the first use after it the controller is rebuilt for the
+    ranks of the moment (B kept, split evenly until the new ranks' speeds are measured), and the batch plan, in the
+    script's state, resumes the epoch at its first global batch not stepped (hvd_elastic.lbbsp.BatchPlan)."""
+
+    def __init__(self):
+        self.seen = resets()
+        self.resets = 0
+        self.reset_s = 0.0      # from each reset's start to the controller's rebuild for the new ranks
+
+    def follow(self, session) -> bool:
+        """Rebuild `session`'s controller if Horovod has reset the rank set since it was built; True if it did."""
+        if resets() == self.seen:
+            return False
+        self.seen = resets()
+        session.follow_ranks()
+        session.lbbsp = LbbspController(session.cfg, session.rank, session.size, session.telemetry)
+        self.resets += 1
+        self.reset_s += time.perf_counter() - reset_began()
+        return True
+
+    def counters(self) -> dict:
+        return {"elastic_resets": self.resets, "elastic_reset_s": round(self.reset_s, 3)}
 
 
 def live() -> List[ElasticRun]:

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from .. import config as _config
 from .. import stall as _stall
+from ..elastic import resets as _elastic_resets
 from ..errors import ConfigError
 from ..lbbsp import BatchPlan
 from ..tensorflow._core import broadcast_variables, state_of, wrap_optimizer
@@ -261,15 +262,13 @@ def lbbsp_dataset(optimizer, data, seed: int = 0, drop_last: bool = True, shuffl
     if not arrays or any(len(a) != len(arrays[0]) for a in arrays):
         raise ValueError(f"lbbsp_dataset(): data must be arrays of one length, got lengths "
                          f"{[len(a) for a in arrays]}")
-    resets = lambda: 0   # noqa: E731
-    if _config.horovod_elastic():
-        if state.plan is not None:
-            raise ConfigError("policy lbbsp under elastic Horovod: lbbsp_dataset() was called again for this "
-                              "optimizer (a new dataset starts the epoch over); make it once, before the function of "
-                              "hvd_elastic.keras.elastic.run, so that the KerasState keeps its place in the data")
-        from ..tensorflow.elastic import resets  # noqa: F811
+    if _config.horovod_elastic() and state.plan is not None:
+        raise ConfigError("policy lbbsp under elastic Horovod: lbbsp_dataset() was called again for this optimizer "
+                          "(a new dataset starts the epoch over); make it once, before the function of "
+                          "hvd_elastic.keras.elastic.run, so that the KerasState keeps its place in the data")
+    # Horovod's resets of the rank set (0 outside elastic Horovod): a pass one cut short resumes where it stood
     plan = BatchPlan(len(arrays[0]), lambda: state.session.lbbsp, seed=seed, drop_last=drop_last, shuffle=shuffle,
-                     resets=resets)
+                     resets=_elastic_resets)
     state.plan = plan     # hvd_elastic.keras.elastic.KerasState keeps its place in the data
     tensors = [tf.constant(a) for a in arrays]
 

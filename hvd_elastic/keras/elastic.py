@@ -22,8 +22,8 @@ before the first fit; the state keeps its batch plan)::
   same slots to receive) at each commit, restores them after a failure and broadcasts rank 0's at each sync, with the
   script's own attributes (``epoch``, ``batch``, ...) as Horovod's ObjectState does; under lbbsp, with them, the
   place in the data of the optimizer's ``lbbsp_dataset`` (its batch plan), so an epoch resumes at its first global
-  batch not stepped, dealt over the ranks of the moment (tensorflow/elastic.py rebuilds the plan's controller).
-- :func:`run` is Horovod's elastic loop (its resets counted in tensorflow/elastic.py); a failed Horovod op inside
+  batch not stepped, dealt over the ranks of the moment (hvd_elastic.elastic.LbbspResets rebuilds its controller).
+- :func:`run` is Horovod's elastic loop (its resets counted in hvd_elastic/elastic.py); a failed Horovod op inside
   the compiled train step surfaces in TensorFlow as an op error naming the op, which becomes the
   HorovodInternalError that loop recovers from (any other error is raised as it is).
 - :func:`fit` runs model.fit from where the state stands (``state.epoch``, ``state.batch``) and commits as it goes:
@@ -46,7 +46,6 @@ from horovod.common.exceptions import HorovodInternalError
 from .. import elastic as _elastic
 from ..engine.ticker import TickerError
 from ..errors import ConfigError
-from ..tensorflow import elastic as _tf_elastic
 from ..tensorflow._core import broadcast_variables, state_of
 
 
@@ -72,6 +71,7 @@ class KerasState(ObjectState):
             # a worker that joins must hold the same slots as the others before it receives theirs
             self.optimizer.build(model.trainable_variables)
         self._saved = self._values()
+        self._saved_plan = None    # lbbsp: the batch plan's place in the data at the last commit
         super().__init__(bcast_object=lambda obj: hvd.broadcast_object(obj, root_rank=0,
                                                                        name="hvd_elastic.keras.state"),
                          get_rank=hvd.rank, **kwargs)
@@ -98,7 +98,7 @@ class KerasState(ObjectState):
         for v, saved in zip(self._variables(), self._saved):
             v.assign(saved)
         plan = self._plan()
-        if plan is not None and getattr(self, "_saved_plan", None) is not None:
+        if plan is not None and self._saved_plan is not None:
             plan.load_state_dict(self._saved_plan)
         super().restore()
 
@@ -139,7 +139,6 @@ def run(func):
             raise _elastic.ElasticRun.failed(e) from e
 
     def reset():
-        _tf_elastic.note_reset()
         stopped = _elastic.stop_engines()    # a tick policy's engine stops before Horovod shuts down
         hvd.shutdown()
         _elastic.join_stopped(stopped)

@@ -187,9 +187,9 @@ class ElasticState:
         self.session.last_step_end = time.perf_counter()
 
     def _follow_lbbsp_resets(self):
-        """lbbsp under elastic Horovod: the controller for the ranks of the moment (tensorflow/elastic.py)."""
+        """lbbsp under elastic Horovod: the controller for the ranks of the moment (hvd_elastic.elastic)."""
         if self.lbbsp_resets is None:
-            from .elastic import LbbspResets
+            from ..elastic import LbbspResets
             self.lbbsp_resets = LbbspResets()
             self.session.counter_sources.append(self.lbbsp_resets.counters)
         self.lbbsp_resets.follow(self.session)

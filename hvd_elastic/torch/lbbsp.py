@@ -21,6 +21,7 @@ import horovod.torch.elastic.state as _elastic_state
 import torch
 
 from .. import config as _config
+from ..elastic import LbbspResets
 from ..errors import HvdElasticError
 from ..lbbsp import BatchPlan, LbbspController
 from .attached import state_of
@@ -178,37 +179,27 @@ class LbbspElastic:
     """lbbsp under elastic Horovod (``hvd.elastic.run``). The steps are synchronous, so a reset is Horovod's: after a
     failure every rank restores its last commit and takes rank 0's state; after an announced change the ranks go on
     from the step they all committed. What lbbsp adds: at its first use after the reset (the sampler's draw, a
-    gradient's hook, zero_grad(), step()) the batch plan is rebuilt for the ranks of the moment -- the global batch B
-    kept, split evenly until the new ranks' speeds are measured (their per-sample histories start afresh), the
-    exchange the failure cut short forgotten -- and :class:`LbbspSampler` (in the TorchState) resumes the epoch at
-    its first global batch not stepped (:class:`hvd_elastic.lbbsp.BatchPlan`)."""
+    gradient's hook, zero_grad(), step()) the batch plan is rebuilt for the ranks of the moment
+    (hvd_elastic.elastic.LbbspResets), the exchange the failure cut short forgotten, and :class:`LbbspSampler` (in
+    the TorchState) resumes the epoch at its first global batch not stepped (:class:`hvd_elastic.lbbsp.BatchPlan`)."""
 
     def __init__(self, state):
         from . import elastic
         elastic.install()
-        self.state, self._elastic = state, elastic
-        self.seen = elastic.resets()
-        self.resets = 0
-        self.reset_s = 0.0      # from each reset's start to the plan's rebuild for the new ranks
+        self.state = state
+        self.plan_resets = LbbspResets()
 
     def before_step(self):
         """Rebuild the batch plan if Horovod has reset the rank set since it was built."""
-        if self._elastic.resets() == self.seen:
-            return
-        self.seen = self._elastic.resets()
-        session = self.state.session
-        session.follow_ranks()
-        session.lbbsp = LbbspController(session.cfg, session.rank, session.size, session.telemetry)
-        self.state.overlap.forget()
-        self.resets += 1
-        self.reset_s += time.perf_counter() - self._elastic.reset_began()
+        if self.plan_resets.follow(self.state.session):
+            self.state.overlap.forget()
 
     def global_steps(self, steps: int) -> int:
         """lock-step: the script counts the job's steps in its state, committed and synced with the model."""
         return steps
 
     def counters(self) -> dict:
-        return {"elastic_resets": self.resets, "elastic_reset_s": round(self.reset_s, 3)}
+        return self.plan_resets.counters()
 
 
 def current_controller(state) -> LbbspController:

@@ -160,9 +160,15 @@ class Events(keras.callbacks.Callback):
             if w is not None and hvd.size() != waits[w]:
                 time.sleep(args.wait_sleep)
             return
-        while done in waits and hvd.size() != waits[done]:
-            time.sleep(0.2)
-            state.commit()      # raises HostsUpdatedInterrupt once the driver has changed the rank set
+        hold(done)
+
+
+def hold(done):
+    """A wait at global batch `done` (bsp, lbbsp): every rank commits until the job has the wait's size. Called after
+    each batch and when training starts again after a reset, which may resume at a wait's batch."""
+    while done in waits and hvd.size() != waits[done]:
+        time.sleep(0.2)
+        state.commit()      # raises HostsUpdatedInterrupt once the driver has changed the rank set
 
 
 sync = hvdk.SyncCallback(global_steps=args.budget)
@@ -170,6 +176,8 @@ sync = hvdk.SyncCallback(global_steps=args.budget)
 
 @hvdk.elastic.run
 def train(state):
+    if not TICKS:
+        hold(state.epoch * args.steps_per_epoch + state.batch)
     callbacks = [sync, hvdk.MetricAverageCallback(), Events()]
     if LBBSP:       # the plan deals each global batch over the ranks of the moment
         ds = hvdk.lbbsp_dataset(opt, (x, y), seed=0) if args.dataset_inside else data
@@ -200,6 +208,7 @@ def loop_step(i):
 
 @hvdk.elastic.run
 def train_loop(state):
+    loop_hold()
     while state.batch < args.steps:
         loop_step(state.batch)
         state.batch += 1
@@ -207,10 +216,15 @@ def train_loop(state):
         time.sleep(args.step_sleep)
         if state.batch % args.commit_every == 0:
             state.commit()
-        while state.batch in waits and hvd.size() != waits[state.batch]:
-            loop_step(1000 + state.batch)     # steps not counted, until the driver has changed the rank set
-            time.sleep(0.2)
-            state.commit()
+        loop_hold()
+
+
+def loop_hold():
+    """A wait at the current batch of the custom loop (also when it starts again after a reset at a wait's batch)."""
+    while state.batch in waits and hvd.size() != waits[state.batch]:
+        loop_step(1000 + state.batch)     # steps not counted, until the driver has changed the rank set
+        time.sleep(0.2)
+        state.commit()
 
 
 if args.custom_loop:

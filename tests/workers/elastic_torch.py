@@ -115,8 +115,21 @@ def batches():
             yield lambda: train_step(1000 * state.batch + hvd.rank())
 
 
+def hold():
+    """A wait STEP:SIZE at the current batch: training goes on (steps not counted in state.batch) until the driver
+    has changed the rank set; commit() raises HostsUpdatedInterrupt then (lbbsp: Horovod's commit sees it without
+    training). Called after each step and when train() starts again after a reset, which may resume at a wait's
+    batch."""
+    while state.batch in waits and hvd.size() != waits[state.batch]:
+        if not LBBSP:
+            train_step(1000 * state.batch + 100 + hvd.rank())
+        time.sleep(0.2)
+        state.commit()
+
+
 @hvd.elastic.run
 def train(state):
+    hold()
     for step in batches():
         step()
         state.batch += 1
@@ -135,13 +148,7 @@ def train(state):
         time.sleep(args.step_sleep)
         if state.batch % args.commit_every == 0:
             state.commit()
-        while state.batch in waits and hvd.size() != waits[state.batch]:
-            # training goes on (steps not counted in state.batch) until the driver has changed the rank set:
-            # commit() raises HostsUpdatedInterrupt then (lbbsp: Horovod's commit sees it without training)
-            if not LBBSP:
-                train_step(1000 * state.batch + 100 + hvd.rank())
-            time.sleep(0.2)
-            state.commit()
+        hold()
 
 
 train(state)

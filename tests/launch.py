@@ -75,7 +75,10 @@ def job_env(env=None) -> dict:
                      "OMPI_MCA_rmaps_base_oversubscribe": "1", "HOROVOD_LOG_LEVEL": "warning",
                      # A rank waiting in an MPI call spins unless told to yield; here a job's ranks and their threads
                      # outnumber the cores (OpenMPI yields by itself only when it sees more ranks than slots)
-                     "OMPI_MCA_mpi_yield_when_idle": "1"})
+                     "OMPI_MCA_mpi_yield_when_idle": "1",
+                     # One compute thread per rank: a job's ranks outnumber the cores, and the OpenMP threads of
+                     # PyTorch / TensorFlow ops spin after each parallel region, taking the CPU the other ranks need
+                     "OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"})
     full_env.update(env or {})
     return full_env
 

@@ -48,12 +48,13 @@ def test_in_lockstep_every_tick_policy_is_bsp(lockstep_throughout, policy, knobs
 
 
 @pytest.mark.parametrize("policy,knobs", [("asp", {}), ("zipline", {"lookahead": 4})], ids=["asp", "zipline"])
-def test_in_lockstep_a_collective_of_the_scripts_own_splits_no_round(lockstep_throughout, policy, knobs):
+def test_in_lockstep_a_collective_of_the_scripts_own_keeps_bsps_rounds(lockstep_throughout, policy, knobs):
     """Every 5 steps the ranks meet in a collective of the script's own, and rank 0's call returns 15 ms after the
-    others' (its thread joins ticks at once meanwhile, without a push). The others' first pushes after it must not
-    go into a tick without rank 0's: BSP's weights, no gradient one update stale. Every round takes one tick, or two
-    at a collective of the script's: on a loaded machine a round's pushes can reach the ticks on either side of the
-    collective's return, both applied before any rank computes its next step (weights and staleness say so)."""
+    others' (its thread joins ticks at once meanwhile, without a push). No rank may compute on weights that miss a
+    push of the round before: BSP's weights. A round takes one tick, or two at a collective of the script's: on a
+    loaded machine a round's pushes can reach the ticks on either side of the collective's return, both applied
+    before any rank computes its next step -- a push of such a round then lands after at most the round's other
+    n - 1 updates (staleness below n), never after an update of the next round."""
     steps = 20
     sched = [[0.01] * steps] * 4
     run = run_job(policy, sched, call_every=5, call_exit_s=[0.015, 0, 0, 0], **knobs)
@@ -61,7 +62,7 @@ def test_in_lockstep_a_collective_of_the_scripts_own_splits_no_round(lockstep_th
     for w in run.weights():
         np.testing.assert_allclose(w, ref, rtol=0, atol=1e-12)
     calls = steps // 5
-    assert all(steps <= c["nonempty_ticks"] <= steps + calls and c["staleness_max"] == 0 for c in run.counters), \
+    assert all(steps <= c["nonempty_ticks"] <= steps + calls and c["staleness_max"] < 4 for c in run.counters), \
         run.counters
 
 

@@ -2,8 +2,8 @@
 runs elastic on Keras, HVD_ELASTIC_POLICY):
 hvd_elastic.keras.elastic.KerasState, run and fit, as the Keras elastic recipe of docs/keras.md writes it; with
 --custom-loop, a TensorFlow custom loop (GradientTape, hvd_elastic.tensorflow's optimizer, apply_gradients eagerly)
-under KerasState and run, as docs/keras.md's custom-loop recipe writes it. Under lbbsp (B: HVD_ELASTIC_GLOBAL_BATCH, 32 by default)
-model.fit reads hvd_elastic.keras.lbbsp_dataset over --steps-per-epoch x B samples, whose batch plan the KerasState
+under KerasState and run, as docs/keras.md's custom-loop recipe writes it. Under lbbsp (B: HVD_ELASTIC_GLOBAL_BATCH,
+32 by default) model.fit reads hvd_elastic.keras.lbbsp_dataset over --steps-per-epoch x B samples, whose batch plan the KerasState
 keeps, and the model carries an audit as tests/workers/elastic_torch.py's does: a layer whose weight `seen` has one
 entry per sample and gains exactly 1 each time the sample's gradient goes into a step through lbbsp's exchange, so
 that after the epochs seen[i] is --steps / --steps-per-epoch everywhere when every sample was taken once per epoch
@@ -163,10 +163,13 @@ class Events(keras.callbacks.Callback):
         hold(done)
 
 
-def hold(done):
-    """A wait at global batch `done` (bsp, lbbsp): every rank commits until the job has the wait's size. Called after
-    each batch and when training starts again after a reset, which may resume at a wait's batch."""
+def hold(done, step=None):
+    """A wait at global batch `done` (bsp, lbbsp, the custom loop): every rank commits until the job has the wait's
+    size, training on with `step` (steps not counted) where one is given. Called after each batch and when training
+    starts again after a reset, which may resume at a wait's batch."""
     while done in waits and hvd.size() != waits[done]:
+        if step is not None:
+            step()
         time.sleep(0.2)
         state.commit()      # raises HostsUpdatedInterrupt once the driver has changed the rank set
 
@@ -208,7 +211,7 @@ def loop_step(i):
 
 @hvdk.elastic.run
 def train_loop(state):
-    loop_hold()
+    hold(state.batch, lambda: loop_step(1000 + state.batch))
     while state.batch < args.steps:
         loop_step(state.batch)
         state.batch += 1
@@ -216,15 +219,7 @@ def train_loop(state):
         time.sleep(args.step_sleep)
         if state.batch % args.commit_every == 0:
             state.commit()
-        loop_hold()
-
-
-def loop_hold():
-    """A wait at the current batch of the custom loop (also when it starts again after a reset at a wait's batch)."""
-    while state.batch in waits and hvd.size() != waits[state.batch]:
-        loop_step(1000 + state.batch)     # steps not counted, until the driver has changed the rank set
-        time.sleep(0.2)
-        state.commit()
+        hold(state.batch, lambda: loop_step(1000 + state.batch))
 
 
 if args.custom_loop:

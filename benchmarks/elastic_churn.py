@@ -45,6 +45,7 @@ def run(arm: str, seed: int, opts, workdir: str) -> dict:
     cmd = [os.path.join(BIN, "horovodrun"), "-np", "4", "--min-np", "3", "--max-np", "4",
            "--host-discovery-script", discover, "--gloo", "--elastic-timeout", "120",
            "--network-interface", "lo", "--blacklist-cooldown-range", "1", "2",
+           "--gloo-timeout-seconds", str(opts.gloo_timeout_seconds),
            sys.executable, "-m", "benchmarks.elastic_churn_worker", "--out", out,
            "--data", os.path.join(workdir, "mnist1d.npz"), "--task", "mnist1d", "--seed", str(seed),
            "--global-steps", str(opts.global_steps), "--batch-size", str(task["batch"]), "--lr", f"{task['lr']:g}",
@@ -76,6 +77,10 @@ def main(argv=None):
     ap.add_argument("--global-steps", type=int, default=TASKS["mnist1d"]["budget"])
     ap.add_argument("--target", type=float, default=TASKS["mnist1d"]["target"])
     ap.add_argument("--commit-every", type=int, default=10)
+    ap.add_argument("--gloo-timeout-seconds", type=int, default=30,
+                    help="horovodrun's: how long a Gloo collective waits for a peer (Horovod's default 30). A killed "
+                         "worker's ring neighbours fail at once, the other survivors only after this timeout: it is "
+                         "the gap a kill leaves in every arm")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--out", default="bench-churn.json")
     opts = ap.parse_args(argv)

@@ -3,7 +3,7 @@ a third of the run and a new one added at about two thirds -- under each policy 
 optimizer, the same events for every arm. One ``horovodrun --elastic`` job per (arm, seed) on this host
 (benchmarks/elastic_churn_worker.py: MNIST-1D's CNN, a Horovod elastic script committing every 10 steps).
 
-    python -m benchmarks.elastic_churn --policies horovod,asp,zipline-R15,lbbsp,wbsp-overlap --seeds 1
+    python -m benchmarks.elastic_churn --policies horovod,wbsp-overlap,lbbsp --seeds 3 --gloo-timeout-seconds 10
 
 Prints per arm: time to the accuracy target (the first evaluation from which accuracy stays at or above it, as in
 ``python -m benchmarks``) and its ratio to Horovod's of the same seed, final accuracy, wall time for the budget, the

@@ -99,6 +99,7 @@ class ElasticRun:
         self.resets = 0
         self.reset_s = 0.0                    # from a reset's start to the new engine's first step
         self._reset_at: Optional[float] = None
+        self.before_reset: List[float] = []   # per reset: from this rank's last completed step to the reset's start
         self.recovered_from: List[int] = []   # per reset: the updates in the state the job resumed from (-1: Horovod's)
         # per reset: the survivors' pushes not in the state resumed from (lost), those not yet in a tick each had
         # applied itself (in flight), and the updates that state holds beyond the last commit of the new rank 0
@@ -212,6 +213,7 @@ class ElasticRun:
             return None
         engine = self.session.engine
         self._reset_at = time.perf_counter()
+        self.before_reset.append(since_last_step(self.session, self._reset_at))
         # HostsUpdatedInterrupt: nothing was restored, so the replica as it stands is kept (with the ticks completed
         # so far applied, while the ticks still run: another rank may have reset first and stopped them). After a
         # failure the replica was kept before Horovod's restore (keep_replica): _take_snapshot keeps that one.
@@ -234,7 +236,15 @@ class ElasticRun:
         return {"elastic_resets": self.resets, "elastic_reset_s": round(self.reset_s, 3),
                 "elastic_resumed_from_updates": list(self.recovered_from),
                 "elastic_lost_updates": list(self.lost), "elastic_in_flight_updates": list(self.in_flight),
-                "elastic_beyond_commit_updates": list(self.beyond_commit)}
+                "elastic_beyond_commit_updates": list(self.beyond_commit),
+                "elastic_before_reset_s": list(self.before_reset)}
+
+
+def since_last_step(session, reset_at: float) -> float:
+    """Seconds from `session`'s last completed step to a reset that began at `reset_at` (perf_counter): how long the
+    rank trained on, or waited in a step, before the reset began. A lost worker shows when a collective fails,
+    which under Gloo can take HOROVOD_GLOO_TIMEOUT_SECONDS (docs/horovod-compat.md, "Elastic Horovod")."""
+    return round(max(0.0, reset_at - session.last_step_end), 3)
 
 
 _LIVE: List[ElasticRun] = []
@@ -261,6 +271,7 @@ class LbbspResets:
         self.seen = resets()
         self.resets = 0
         self.reset_s = 0.0      # from each reset's start to the controller's rebuild for the new ranks
+        self.before_reset: List[float] = []   # per reset: from this rank's last completed step to the reset's start
 
     def follow(self, session) -> bool:
         """Rebuild `session`'s controller if Horovod has reset the rank set since it was built; True if it did."""
@@ -271,10 +282,12 @@ class LbbspResets:
         session.lbbsp = LbbspController(session.cfg, session.rank, session.size, session.telemetry)
         self.resets += 1
         self.reset_s += time.perf_counter() - reset_began()
+        self.before_reset.append(since_last_step(session, reset_began()))
         return True
 
     def counters(self) -> dict:
-        return {"elastic_resets": self.resets, "elastic_reset_s": round(self.reset_s, 3)}
+        return {"elastic_resets": self.resets, "elastic_reset_s": round(self.reset_s, 3),
+                "elastic_before_reset_s": list(self.before_reset)}
 
 
 def live() -> List[ElasticRun]:

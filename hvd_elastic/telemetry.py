@@ -156,8 +156,11 @@ def format_report(report: Dict[str, Any]) -> str:
     if resets:
         worst = max(resets, key=lambda c: c["elastic_reset_s"])
         resumed = worst.get("elastic_resumed_from_updates")
+        before = max((s for c in resets for s in c.get("elastic_before_reset_s", [])), default=0.0)
         lines.append(f"elastic Horovod: {max(c['elastic_resets'] for c in resets)} reset(s) of the rank set; the "
-                     f"longest rank took {worst['elastic_reset_s']:.2f} s from a reset to its next step; "
+                     f"longest rank took {worst['elastic_reset_s']:.2f} s from a reset to its next step, and up to "
+                     f"{before:.2f} s passed from a rank's last step to a reset (a lost worker shows when a "
+                     f"collective fails: under Gloo, after HOROVOD_GLOO_TIMEOUT_SECONDS); "
                      + (f"each resumed from a state holding {resumed} updates (-1: the last commit)"
                         if resumed is not None else "each resumed from Horovod's state (the last commit, rank 0's)")
                      + (f"; the survivors' updates lost per reset {worst['elastic_lost_updates']} (in flight "

@@ -149,6 +149,15 @@ def _per_reset(res, key):
     return [] if text == "-" else [int(v) for v in text.split(",")]
 
 
+def _before_reset_within_the_workers_own_gaps(res):
+    """The report's time from rank 0's last step to each reset's start is one figure per reset, no longer than the
+    worker's own from its last opt.step() to that reset's end (a reset callback)."""
+    line = res.lines_with("ELASTIC rank=0 ")[0]
+    before, gaps = ([float(v) for v in re.search(rf" {k}=(\S+)", line).group(1).split(",")]
+                    for k in ("before_reset", "step_to_reset_end"))
+    assert len(before) == len(gaps) == 4 and all(0 <= b <= g + 0.25 for b, g in zip(before, gaps)), line
+
+
 def _resumed(res):
     resumed = _per_reset(res, "resumed")
     # the work lost per reset: the survivors' pushes missing from the state resumed from are at most those they had
@@ -180,6 +189,7 @@ def test_a_tick_policy_survives_and_resumes_from_a_survivors_replica(elastic_job
     # each of the four resets resumed from a survivor's replica (the updates it applied), none from a commit
     resumed = _resumed(res)
     assert len(resumed) == 4 and all(r > 0 for r in resumed), resumed
+    _before_reset_within_the_workers_own_gaps(res)
 
 
 def test_zipline_resumes_from_the_survivors_replica_not_the_last_commit(elastic_jobs):
@@ -189,6 +199,7 @@ def test_zipline_resumes_from_the_survivors_replica_not_the_last_commit(elastic_
     # both ranks completed (their ticks applied), at least: 8 updates or more kept beyond the commit
     assert len(resumed) == 4 and resumed[0] >= 2 * 14 and all(r > 0 for r in resumed), resumed
     assert _per_reset(res, "beyond_commit")[0] >= 2 * 4, res.lines_with("ELASTIC rank=0 ")
+    _before_reset_within_the_workers_own_gaps(res)
 
 
 def test_lbbsp_survives_and_takes_every_sample_of_the_epoch_once(elastic_jobs):
@@ -197,6 +208,7 @@ def test_lbbsp_survives_and_takes_every_sample_of_the_epoch_once(elastic_jobs):
     again over the survivor, none twice), and rank 0's report counts the resets."""
     res, _ = _survived(elastic_jobs, "test_lbbsp_survives_and_takes_every_sample_of_the_epoch_once")
     assert res.lines_with("elastic Horovod: 4 reset(s) of the rank set"), res.output[-4000:]
+    _before_reset_within_the_workers_own_gaps(res)
 
 
 def test_keras_fit_under_bsp_survives_a_killed_a_removed_and_two_added_workers(elastic_jobs):

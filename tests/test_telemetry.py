@@ -17,3 +17,12 @@ def test_last_arriver_blocks_only_for_communication_and_others_wait():
     assert abs(r0["compute_share"] + r0["wait_share"] + r0["comm_share"] - 52 / 70) < 1e-9
     text = format_report(rep)
     assert "policy=bsp, 2 ranks" in text and len(text.splitlines()) == 4
+
+
+def test_the_elastic_line_gives_the_longest_reset_and_the_longest_wait_before_one():
+    # rank 1 waited 10.4 s in a step before the first reset began (a lost worker noticed at Gloo's timeout)
+    snaps = [_snap(0, [0.001], 0.010, 30.0), _snap(1, [0.001], 0.010, 30.0)]
+    snaps[0]["counters"] = {"elastic_resets": 2, "elastic_reset_s": 6.5, "elastic_before_reset_s": [0.2, 0.05]}
+    snaps[1]["counters"] = {"elastic_resets": 2, "elastic_reset_s": 4.0, "elastic_before_reset_s": [10.4, 0.1]}
+    line = [ln for ln in format_report(build_report(snaps, "asp", {})).splitlines() if ln.startswith("elastic")][0]
+    assert "2 reset(s)" in line and "took 6.50 s from a reset" in line and "up to 10.40 s passed" in line, line

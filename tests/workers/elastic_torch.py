@@ -27,8 +27,10 @@ steps over every reset> sizes=<sizes seen by rank 0's state>
 digest=<crc32 of the weights> pushed=<pushes of the final ranks since the last reset> applied=<updates applied by
 this rank since then> resets=<resets this optimizer saw> resumed=<per reset: updates in the state resumed from, -1:
 the commit> lost=<per reset: the survivors' pushes not in that state> in_flight=<... not yet in a tick each survivor
-had applied> beyond_commit=<the updates that state holds beyond the new rank 0's last commit>``, and rank 0 the
-plugin's report (HVD_ELASTIC_REPORT is on).
+had applied> beyond_commit=<the updates that state holds beyond the new rank 0's last commit> before_reset=<per
+reset: the report's seconds from this rank's last step to the reset's start> step_to_reset_end=<per reset: seconds
+from this rank's last opt.step() to the reset's end, measured here>``, and rank 0 the plugin's report
+(HVD_ELASTIC_REPORT is on).
 """
 import argparse
 import os
@@ -83,6 +85,11 @@ else:
     state = hvd.elastic.TorchState(model=model, optimizer=opt, batch=0, sizes=[])
 
 
+# when this rank's last opt.step() returned, and per reset the time from it to the reset's end (a reset callback)
+stepped = {"at": time.perf_counter(), "gaps": []}
+state.register_reset_callbacks([lambda: stepped["gaps"].append(time.perf_counter() - stepped["at"])])
+
+
 def write_hosts(slots):
     discovery.write_hosts(args.hosts_file, slots, args.host_names)
 
@@ -94,6 +101,7 @@ def train_step(seed):
     opt.zero_grad()
     torch.nn.functional.mse_loss(model(x), y).backward()
     opt.step()
+    stepped["at"] = time.perf_counter()
 
 
 def lbbsp_step(idx):
@@ -103,6 +111,7 @@ def lbbsp_step(idx):
     loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)) - model.seen[idx].sum() / len(idx)
     loss.backward()
     opt.step()
+    stepped["at"] = time.perf_counter()
 
 
 def batches():
@@ -167,4 +176,6 @@ print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.batch} global={
       f"resumed={','.join(map(str, mine.get('elastic_resumed_from_updates', []))) or '-'} "
       f"lost={','.join(map(str, mine.get('elastic_lost_updates', []))) or '-'} "
       f"in_flight={','.join(map(str, mine.get('elastic_in_flight_updates', []))) or '-'} "
-      f"beyond_commit={','.join(map(str, mine.get('elastic_beyond_commit_updates', []))) or '-'}{audit}", flush=True)
+      f"beyond_commit={','.join(map(str, mine.get('elastic_beyond_commit_updates', []))) or '-'} "
+      f"before_reset={','.join(map(str, mine.get('elastic_before_reset_s', []))) or '-'} "
+      f"step_to_reset_end={','.join(f'{g:.3f}' for g in stepped['gaps']) or '-'}{audit}", flush=True)

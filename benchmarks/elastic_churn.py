@@ -57,7 +57,11 @@ def run(arm: str, seed: int, opts, workdir: str) -> dict:
     proc = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=opts.timeout)
     if proc.returncode != 0 or not os.path.exists(out):
-        raise RuntimeError(f"{arm} seed {seed} failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")
+        log = os.path.join(folder, "job.log")
+        with open(log, "w") as f:
+            f.write(proc.stdout)
+        raise RuntimeError(f"{arm} seed {seed} failed (exit {proc.returncode}; the job's whole output: {log}):\n"
+                           f"{proc.stdout[-4000:]}")
     res = json.load(open(out))
     events = [ln.split("CHURN ", 1)[1] for ln in proc.stdout.splitlines() if "CHURN killed" in ln or
               "CHURN added" in ln]

@@ -82,9 +82,9 @@ def main(argv=None):
     ap.add_argument("--target", type=float, default=TASKS["mnist1d"]["target"])
     ap.add_argument("--commit-every", type=int, default=10)
     ap.add_argument("--gloo-timeout-seconds", type=int, default=30,
-                    help="horovodrun's: how long a Gloo collective waits for a peer (Horovod's default 30). A killed "
-                         "worker's ring neighbours fail at once, the other survivors only after this timeout: it is "
-                         "the gap a kill leaves in every arm")
+                    help="horovodrun's: how long a Gloo operation waits for a peer (Horovod's default 30). A "
+                         "survivor waiting on the killed worker's data fails only at this timeout: in this 4-worker "
+                         "job it is the gap a kill leaves in every arm (docs/horovod-compat.md)")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--out", default="bench-churn.json")
     opts = ap.parse_args(argv)

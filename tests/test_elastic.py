@@ -141,21 +141,19 @@ def elastic_jobs(tmp_path_factory, request):
         yield futures
 
 
-def _per_reset(res, key):
+def _per_reset(res, key, kind=int):
     """Rank 0's per-reset figures `key` (resumed: the updates in the state it resumed from, -1: the last commit;
-    lost, in_flight, beyond_commit: the reset's accounting)."""
+    lost, in_flight, beyond_commit: the reset's accounting; before_reset, step_to_reset_end: seconds, kind=float)."""
     line = res.lines_with("ELASTIC rank=0 ")[0]
     text = re.search(rf" {key}=(\S+)", line).group(1)
-    return [] if text == "-" else [int(v) for v in text.split(",")]
+    return [] if text == "-" else [kind(v) for v in text.split(",")]
 
 
 def _before_reset_within_the_workers_own_gaps(res):
     """The report's time from rank 0's last step to each reset's start is one figure per reset, no longer than the
     worker's own from its last opt.step() to that reset's end (a reset callback)."""
-    line = res.lines_with("ELASTIC rank=0 ")[0]
-    before, gaps = ([float(v) for v in re.search(rf" {k}=(\S+)", line).group(1).split(",")]
-                    for k in ("before_reset", "step_to_reset_end"))
-    assert len(before) == len(gaps) == 4 and all(0 <= b <= g + 0.25 for b, g in zip(before, gaps)), line
+    before, gaps = (_per_reset(res, key, float) for key in ("before_reset", "step_to_reset_end"))
+    assert len(before) == len(gaps) == 4 and all(0 <= b <= g + 0.25 for b, g in zip(before, gaps)), (before, gaps)
 
 
 def _resumed(res):

@@ -90,6 +90,11 @@ stepped = {"at": time.perf_counter(), "gaps": []}
 state.register_reset_callbacks([lambda: stepped["gaps"].append(time.perf_counter() - stepped["at"])])
 
 
+def listed(values) -> str:
+    """Per-reset figures as the ELASTIC line prints them: comma separated, '-' for none."""
+    return ",".join(map(str, values)) or "-"
+
+
 def write_hosts(slots):
     discovery.write_hosts(args.hosts_file, slots, args.host_names)
 
@@ -172,10 +177,9 @@ mine = counters[hvd.rank()]
 print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.batch} global={hvde.global_steps(opt)} "
       f"sizes={','.join(map(str, state.sizes))} digest={digest} "
       f"pushed={sum(c.get('pushed', 0) for c in counters)} applied={mine.get('applied_contributions', 0)} "
-      f"resets={mine.get('elastic_resets', 0)} "
-      f"resumed={','.join(map(str, mine.get('elastic_resumed_from_updates', []))) or '-'} "
-      f"lost={','.join(map(str, mine.get('elastic_lost_updates', []))) or '-'} "
-      f"in_flight={','.join(map(str, mine.get('elastic_in_flight_updates', []))) or '-'} "
-      f"beyond_commit={','.join(map(str, mine.get('elastic_beyond_commit_updates', []))) or '-'} "
-      f"before_reset={','.join(map(str, mine.get('elastic_before_reset_s', []))) or '-'} "
-      f"step_to_reset_end={','.join(f'{g:.3f}' for g in stepped['gaps']) or '-'}{audit}", flush=True)
+      f"resets={mine.get('elastic_resets', 0)} resumed={listed(mine.get('elastic_resumed_from_updates', []))} "
+      f"lost={listed(mine.get('elastic_lost_updates', []))} "
+      f"in_flight={listed(mine.get('elastic_in_flight_updates', []))} "
+      f"beyond_commit={listed(mine.get('elastic_beyond_commit_updates', []))} "
+      f"before_reset={listed(mine.get('elastic_before_reset_s', []))} "
+      f"step_to_reset_end={listed(round(g, 3) for g in stepped['gaps'])}{audit}", flush=True)

@@ -7,10 +7,10 @@ The rank set changes mid-run in one of two ways:
   writes ``localhost:<np - 1>`` (the driver stops a worker, the others re-form the job), at step --add-at
   ``localhost:<np>`` again (a new worker starts this script from the top, joins, and is brought to the same state by
   state.sync());
-- by a crash: at step --kill-at the worker on host 127.0.0.1 (the discovery script lists ``localhost:1`` and
-  ``127.0.0.1:1``, two names of this machine) SIGKILLs itself, once (a marker file next to --hosts-file); the
-  survivor gets HorovodInternalError, restores the last commit and goes on alone; the driver blacklists the host for
-  the cooldown, then starts a new worker there, which joins.
+- by a crash: at step --kill-at the worker on the last host of --host-names (on one machine the discovery script
+  lists ``localhost:1`` and ``127.0.0.1:1``, two names of it: 127.0.0.1) SIGKILLs itself, once (a marker file next
+  to --hosts-file); the survivors get HorovodInternalError and resume; the driver blacklists the host for the
+  cooldown, then starts a new worker there, which joins.
 ``--wait STEP:SIZE`` (repeatable): at that step every rank trains on (steps not counted) and commits until the job
 has SIZE ranks, so the changes land at known steps however long the driver takes.
 
@@ -154,8 +154,7 @@ def train(state):
         if hvd.rank() == 0 and state.batch == args.add_at:
             write_hosts(args.np)
         marker = args.hosts_file + ".killed"
-        if state.batch == args.kill_at and os.environ.get("HOROVOD_HOSTNAME") == "127.0.0.1" \
-                and not os.path.exists(marker):
+        if state.batch == args.kill_at and discovery.is_kill_host(args.host_names) and not os.path.exists(marker):
             open(marker, "w").close()
             print(f"KILLED rank={hvd.rank()} at batch {state.batch}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)

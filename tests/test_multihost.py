@@ -188,7 +188,7 @@ def test_a_cut_link_is_named_and_the_job_ends(fault_jobs):
 
 
 # Every policy of the PyTorch frontend (tests/workers/elastic_torch.py); keras-: Keras 3 model.fit, tensorflow-: a
-# TensorFlow custom loop (tests/workers/elastic_keras.py)
+# TensorFlow custom loop (tests/workers/elastic_keras.py). The TensorFlow jobs (the heaviest start-ups) come last.
 ELASTIC_POLICIES = ("bsp", "asp", "ssp", "dssp", "zipline", "wbsp", "auto", "lbbsp", "keras-wbsp", "keras-lbbsp",
                     "tensorflow-auto")
 ELASTIC_PARALLEL = 6   # side by side on two cores: each mostly waits for Horovod's driver between a worker's start-ups
@@ -207,12 +207,13 @@ def _elastic_job(folder, policy):
     discover.chmod(discover.stat().st_mode | stat.S_IEXEC)
     frontend, policy = policy.split("-", 1) if "-" in policy else ("torch", policy)
     worker = "elastic_torch.py" if frontend == "torch" else "elastic_keras.py"
-    # --blacklist-cooldown-range: the killed worker's host is taken back after 1-2 s. Gloo's timeout stays Horovod's
-    # 30 s: it also bounds the survivors' wait in the rendezvous for the new worker, whose start-up on these shared
-    # cores can take longer than 10 s.
+    # --blacklist-cooldown-range: the killed worker's host is taken back after 15-16 s, so the kill's reset re-forms
+    # the survivors alone and the host's new worker joins in a reset of its own. A reset's rendezvous waits for every
+    # worker of the new round for Gloo's timeout only (Horovod's 30 s), and a worker started in it on these shared
+    # cores can take longer (docs/horovod-compat.md, "Elastic Horovod").
     cmd = [os.path.join(BIN, "horovodrun"), "-np", "3", "--min-np", "2", "--max-np", "3",
            "--host-discovery-script", str(discover), "--gloo", "--elastic-timeout", "60",
-           "--blacklist-cooldown-range", "1", "2", "--network-interface", "hvde0", os.path.join(BIN, "python"),
+           "--blacklist-cooldown-range", "15", "16", "--network-interface", "hvde0", os.path.join(BIN, "python"),
            os.path.join(ROOT, "tests", "workers", worker), "--hosts-file", str(hosts), "--np", "3",
            "--host-names", ",".join(HOSTS[:3]), *map(str, ELASTIC_CHURN),
            *({"torch": [], "keras": ["--steps-per-epoch", "20"], "tensorflow": ["--custom-loop"]}[frontend])]
@@ -222,12 +223,11 @@ def _elastic_job(folder, policy):
 
 @pytest.fixture(scope="module")
 def elastic_jobs(cluster, tmp_path_factory, request):
-    """The elastic jobs of the selected tests, ELASTIC_PARALLEL at a time, the TensorFlow ones (the longest) first:
-    policy -> future of (Result, time.time() when the job ended)."""
+    """The elastic jobs of the selected tests, ELASTIC_PARALLEL at a time: policy -> future of (Result, time.time()
+    when the job ended)."""
     chosen = [item.callspec.params["policy"] for item in request.session.items
               if item.module is request.module and item.originalname == "test_elastic_recovers_across_hosts"]
-    order = sorted(ELASTIC_POLICIES, key=lambda p: "-" not in p)
-    jobs = {p: _elastic_job(tmp_path_factory.mktemp(f"elastic-{p}"), p) for p in order if p in chosen}
+    jobs = {p: _elastic_job(tmp_path_factory.mktemp(f"elastic-{p}"), p) for p in ELASTIC_POLICIES if p in chosen}
     with side_by_side(jobs, ELASTIC_PARALLEL) as futures:
         yield futures
 

@@ -9,9 +9,9 @@ weight `seen` has one
 entry per sample and gains exactly 1 each time the sample's gradient goes into a step through lbbsp's exchange, so
 that after the epochs seen[i] is --steps / --steps-per-epoch everywhere when every sample was taken once per epoch
 over the resets (``audit_off=<samples whose count is not that>``). The rank set changes mid-run as in
-tests/workers/elastic_torch.py (--kill-at: the worker on the last host of --host-names SIGKILLs itself once;
---remove-at / --add-at: rank 0 rewrites the discovery file; --wait STEP:SIZE: at that global batch every rank commits until the job has SIZE
-ranks), counted in global batches (epoch x --steps-per-epoch + batch).
+tests/workers/elastic_torch.py (--kill-at: the worker on the last host of --host-names SIGKILLs itself once; --remove-at
+/ --add-at: rank 0 rewrites the discovery file; --wait STEP:SIZE: at that global batch every rank commits until the job
+has SIZE ranks), counted in global batches (epoch x --steps-per-epoch + batch).
 
 Prints, per rank at the end, the line of tests/workers/elastic_torch.py (batch: global batches done), and rank 0 the
 plugin's report.

@@ -13,9 +13,9 @@ def write_hosts(path: str, slots: int, host_names: str = ""):
     os.replace(tmp, path)
 
 
-def is_kill_host(host_names: str) -> bool:
-    """Whether this worker runs on the host whose worker --kill-at SIGKILLs: the last of the comma list `host_names`
-    (one machine: ``localhost,127.0.0.1``, the kill on 127.0.0.1; a cluster: its last host, the one --remove-at
-    takes out of the discovery file), 127.0.0.1 when no list is given."""
+def is_kill_host(host_names: str, kill_host: str = "") -> bool:
+    """Whether this worker runs on the host whose worker --kill-at SIGKILLs: `kill_host` (--kill-host) if given, else
+    the last of the comma list `host_names` (one machine: ``localhost,127.0.0.1``, the kill on 127.0.0.1), 127.0.0.1
+    when no list is given."""
     names = [h for h in host_names.split(",") if h] or ["127.0.0.1"]
-    return os.environ.get("HOROVOD_HOSTNAME") == names[-1]
+    return os.environ.get("HOROVOD_HOSTNAME") == (kill_host or names[-1])

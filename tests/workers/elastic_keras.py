@@ -9,7 +9,7 @@ weight `seen` has one
 entry per sample and gains exactly 1 each time the sample's gradient goes into a step through lbbsp's exchange, so
 that after the epochs seen[i] is --steps / --steps-per-epoch everywhere when every sample was taken once per epoch
 over the resets (``audit_off=<samples whose count is not that>``). The rank set changes mid-run as in
-tests/workers/elastic_torch.py (--kill-at: the worker on the last host of --host-names SIGKILLs itself once; --remove-at
+tests/workers/elastic_torch.py (--kill-at: the worker on --kill-host SIGKILLs itself once; --remove-at
 / --add-at: rank 0 rewrites the discovery file; --wait STEP:SIZE: at that global batch every rank commits until the job
 has SIZE ranks), counted in global batches (epoch x --steps-per-epoch + batch).
 
@@ -41,8 +41,10 @@ ap.add_argument("--np", type=int, default=2)
 ap.add_argument("--steps", type=int, default=60, help="global batches in all (--epochs x --steps-per-epoch)")
 ap.add_argument("--steps-per-epoch", type=int, default=20)
 ap.add_argument("--remove-at", type=int, default=-1)
-ap.add_argument("--add-at", type=int, default=-1)
+ap.add_argument("--add-at", type=int, action="append", default=[], help="repeatable")
 ap.add_argument("--kill-at", type=int, default=-1)
+ap.add_argument("--kill-host", default="", help="the host whose worker --kill-at kills (default: the last of "
+                                                "--host-names, 127.0.0.1 without them)")
 ap.add_argument("--wait", action="append", default=[], help="STEP:SIZE")
 ap.add_argument("--host-names", default="")
 ap.add_argument("--step-sleep", type=float, default=0.05)
@@ -137,12 +139,14 @@ def events(done):
     """The rank-set changes after global batch `done`: the sizes seen, a removal or an addition, the kill."""
     if not state.sizes or state.sizes[-1] != hvd.size():
         state.sizes = state.sizes + [hvd.size()]
-    for at, slots, name in ((args.remove_at, args.np - 1, "removed"), (args.add_at, args.np, "added")):
+    changes = [(args.remove_at, args.np - 1, "removed"), *((at, args.np, f"added{at}") for at in args.add_at)]
+    for at, slots, name in changes:
         if due(done, at, f"{args.hosts_file}.{name}"):
             open(f"{args.hosts_file}.{name}", "w").close()
             write_hosts(slots)
     marker = args.hosts_file + ".killed"
-    if done == args.kill_at and discovery.is_kill_host(args.host_names) and not os.path.exists(marker):
+    if done == args.kill_at and discovery.is_kill_host(args.host_names, args.kill_host) \
+            and not os.path.exists(marker):
         open(marker, "w").close()
         print(f"KILLED rank={hvd.rank()} at batch {done}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)

@@ -4,13 +4,14 @@ HVD_ELASTIC_POLICY, as a Horovod user writes it: TorchState(model, optimizer, ba
 
 The rank set changes mid-run in one of two ways:
 - through the host discovery script, which prints the file given by --hosts-file: at step --remove-at rank 0
-  writes ``localhost:<np - 1>`` (the driver stops a worker, the others re-form the job), at step --add-at
+  writes ``localhost:<np - 1>`` (the driver stops a worker, the others re-form the job), at each step --add-at
   ``localhost:<np>`` again (a new worker starts this script from the top, joins, and is brought to the same state by
   state.sync());
-- by a crash: at step --kill-at the worker on the last host of --host-names (on one machine the discovery script
-  lists ``localhost:1`` and ``127.0.0.1:1``, two names of it: 127.0.0.1) SIGKILLs itself, once (a marker file next
-  to --hosts-file); the survivors get HorovodInternalError and resume; the driver blacklists the host for the
-  cooldown, then starts a new worker there, which joins.
+- by a crash: at step --kill-at the worker on --kill-host (by default the last host of --host-names: on one machine
+  the discovery script lists ``localhost:1`` and ``127.0.0.1:1``, two names of it, and the kill is on 127.0.0.1)
+  SIGKILLs itself, once (a marker file next to --hosts-file); the survivors get HorovodInternalError and resume; the
+  driver blacklists the host (for the cooldown, then starts a new worker there, which joins; or, with no cooldown, for
+  good, and an --add-at lists another host).
 ``--wait STEP:SIZE`` (repeatable): at that step every rank trains on (steps not counted) and commits until the job
 has SIZE ranks, so the changes land at known steps however long the driver takes.
 
@@ -51,8 +52,10 @@ ap.add_argument("--hosts-file", required=True)
 ap.add_argument("--np", type=int, default=3)
 ap.add_argument("--steps", type=int, default=120)
 ap.add_argument("--remove-at", type=int, default=-1)
-ap.add_argument("--add-at", type=int, default=-1)
+ap.add_argument("--add-at", type=int, action="append", default=[], help="repeatable")
 ap.add_argument("--kill-at", type=int, default=-1)
+ap.add_argument("--kill-host", default="", help="the host whose worker --kill-at kills (default: the last of "
+                                                "--host-names, 127.0.0.1 without them)")
 ap.add_argument("--wait", action="append", default=[], help="STEP:SIZE")
 ap.add_argument("--host-names", default="", help="comma list: the discovery file lists the first k of these hosts "
                                                  "with one slot each (a cluster) instead of localhost:k")
@@ -151,10 +154,11 @@ def train(state):
             state.sizes = state.sizes + [hvd.size()]
         if hvd.rank() == 0 and state.batch == args.remove_at:
             write_hosts(args.np - 1)
-        if hvd.rank() == 0 and state.batch == args.add_at:
+        if hvd.rank() == 0 and state.batch in args.add_at:
             write_hosts(args.np)
         marker = args.hosts_file + ".killed"
-        if state.batch == args.kill_at and discovery.is_kill_host(args.host_names) and not os.path.exists(marker):
+        if state.batch == args.kill_at and discovery.is_kill_host(args.host_names, args.kill_host) \
+                and not os.path.exists(marker):
             open(marker, "w").close()
             print(f"KILLED rank={hvd.rank()} at batch {state.batch}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)

@@ -281,8 +281,9 @@ class LbbspResets:
         session.follow_ranks()
         session.lbbsp = LbbspController(session.cfg, session.rank, session.size, session.telemetry)
         self.resets += 1
-        self.reset_s += time.perf_counter() - reset_began()
-        self.before_reset.append(since_last_step(session, reset_began()))
+        began = reset_began()
+        self.reset_s += time.perf_counter() - began
+        self.before_reset.append(since_last_step(session, began))
         return True
 
     def counters(self) -> dict:

@@ -2,16 +2,15 @@
 runs elastic on Keras, HVD_ELASTIC_POLICY):
 hvd_elastic.keras.elastic.KerasState, run and fit, as the Keras elastic recipe of docs/keras.md writes it; with
 --custom-loop, a TensorFlow custom loop (GradientTape, hvd_elastic.tensorflow's optimizer, apply_gradients eagerly)
-under KerasState and run, as docs/keras.md's custom-loop recipe writes it. Under lbbsp (B: HVD_ELASTIC_GLOBAL_BATCH,
-32 by default) model.fit reads hvd_elastic.keras.lbbsp_dataset over --steps-per-epoch x B samples, whose batch
-plan the KerasState keeps, and the model carries an audit as tests/workers/elastic_torch.py's does: a layer whose
-weight `seen` has one
-entry per sample and gains exactly 1 each time the sample's gradient goes into a step through lbbsp's exchange, so
-that after the epochs seen[i] is --steps / --steps-per-epoch everywhere when every sample was taken once per epoch
+under KerasState and run, as docs/keras.md's custom-loop recipe writes it. Under lbbsp (B: HVD_ELASTIC_GLOBAL_BATCH, 32
+by default) model.fit reads hvd_elastic.keras.lbbsp_dataset over --steps-per-epoch x B samples, whose batch plan the
+KerasState keeps, and the model carries an audit as tests/workers/elastic_torch.py's does: a layer whose weight `seen`
+has one entry per sample and gains exactly 1 each time the sample's gradient goes into a step through lbbsp's exchange,
+so that after the epochs seen[i] is --steps / --steps-per-epoch everywhere when every sample was taken once per epoch
 over the resets (``audit_off=<samples whose count is not that>``). The rank set changes mid-run as in
-tests/workers/elastic_torch.py (--kill-at: the worker on --kill-host SIGKILLs itself once; --remove-at
-/ --add-at: rank 0 rewrites the discovery file; --wait STEP:SIZE: at that global batch every rank commits until the job
-has SIZE ranks), counted in global batches (epoch x --steps-per-epoch + batch).
+tests/workers/elastic_torch.py (--kill-at: the worker on --kill-host SIGKILLs itself once; --remove-at / --add-at: rank
+0 rewrites the discovery file; --wait STEP:SIZE: at that global batch every rank commits until the job has SIZE ranks),
+counted in global batches (epoch x --steps-per-epoch + batch).
 
 Prints, per rank at the end, the line of tests/workers/elastic_torch.py (batch: global batches done), and rank 0 the
 plugin's report.

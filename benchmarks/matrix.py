@@ -23,6 +23,7 @@ import csv
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -696,10 +697,27 @@ WHICH_PROFILES = (("homogeneous", "equal speeds"), ("static", "one rank 3x slowe
                   ("transient", "every rank slowed now and then"))
 
 
-def which_policy_table(cells: List[Dict], target: float) -> str:
+SITTING_PREFIX = "sitting-"   # docs/bench/sitting-NAME.json: the rows of a run kept apart (--sitting NAME)
+
+
+def sitting_path(name: str) -> str:
+    return os.path.join(ROOT, "docs", "bench", f"{SITTING_PREFIX}{name}.json")
+
+
+def saved_sittings() -> List[Tuple[str, List[Dict]]]:
+    """(name, cells) of each sitting kept in docs/bench (--sitting), by name: each aggregated on its own, so its
+    speed-ups are against its own plain Horovod runs."""
+    folder = os.path.join(ROOT, "docs", "bench")
+    names = sorted(f[len(SITTING_PREFIX):-len(".json")] for f in os.listdir(folder)
+                   if f.startswith(SITTING_PREFIX) and f.endswith(".json"))
+    return [(n, aggregate(json.load(open(sitting_path(n)))["rows"])) for n in names]
+
+
+def which_policy_table(cells: List[Dict], target: float, sittings: Sequence[Tuple[str, List[Dict]]] = ()) -> str:
     """The README's decision table: per policy and profile, the median speed-up to the target over plain Horovod
-    (min-max over the seeds) and the median final accuracy, from the same cells as docs/benchmarks.md."""
-    def cell(pol, prof):
+    (min-max over the seeds) and the median final accuracy, from the same cells as docs/benchmarks.md; then a row
+    per policy of each sitting (--sitting: a run kept apart), against that sitting's own Horovod runs, footnoted."""
+    def cell(pol, prof, cells=cells):
         c = next((c for c in cells if (c["frontend"], c["profile"], c["policy"]) == ("torch", prof, pol)), None)
         if c is None:
             return "-"
@@ -720,7 +738,18 @@ def which_policy_table(cells: List[Dict], target: float) -> str:
     for pol in ["horovod"] + [p for p in policies if p != "horovod"]:
         lines.append(f"| {pol if pol != 'horovod' else 'plain Horovod (time to target)'} | "
                      + " | ".join(cell(pol, p) for p, _ in profiles) + " |")
-    return "\n".join(lines) + "\n"
+    notes = []
+    for name, own in sittings:
+        mark = "\u2020" * (len(notes) + 1)
+        for pol in dict.fromkeys(c["policy"] for c in own if c["frontend"] == "torch"):
+            if pol in ("horovod",) + CONTROLS:
+                continue
+            lines.append(f"| {pol}{mark} | " + " | ".join(cell(pol, p, own) for p, _ in profiles) + " |")
+        ref = [f"{d} {cell('horovod', p, own)}" for p, d in profiles]
+        notes.append(f"{mark} A sitting of its own (`python -m benchmarks --sitting {name}`, "
+                     f"docs/bench/{SITTING_PREFIX}{name}.json), against that sitting's plain Horovod runs of the same "
+                     f"seeds (time to target: " + "; ".join(ref) + ").")
+    return "\n".join(lines) + "\n" + "".join(f"\n{n}\n" for n in notes)
 
 
 def write_between(path: str, begin: str, end: str, block: str):
@@ -784,6 +813,10 @@ def parse_args(argv=None):
     ap.add_argument("--from", dest="from_dir", metavar="DIR",
                     help="run nothing: write the tables, plots and target checks from DIR/results.json (a finished "
                          "run's --out folder) to --out, or with --docs to docs/ (its task, budget and speed are kept)")
+    ap.add_argument("--sitting", metavar="NAME",
+                    help="task mnist1d: run the chosen jobs (horovod among them) as a sitting of their own, kept in "
+                         "docs/bench/sitting-NAME.json; README.md's policy table gains its policies, against that "
+                         "sitting's plain Horovod runs (docs/benchmarks.md's tables stay as they are)")
     ap.add_argument("--quick", action="store_true", help="smoke run: task digits, 1 seed, a small budget (digits "
                     f"{TASKS['digits']['quick_budget']}, mnist1d {TASKS['mnist1d']['quick_budget']} global steps); "
                     "unless given: profile static, policies horovod, bsp, asp, frontend torch")
@@ -812,6 +845,13 @@ def parse_args(argv=None):
         ap.error("--seeds, --global-steps and --eval-every must be >= 1")
     if opts.first_seed < 0:
         ap.error("--first-seed must be >= 0")
+    if opts.sitting is not None:
+        if not re.fullmatch(r"[a-z0-9-]+", opts.sitting):
+            ap.error(f"--sitting: a name of a-z, 0-9 and -, got {opts.sitting!r}")
+        if opts.from_dir or opts.update or opts.docs:
+            ap.error("--sitting: not with --from, --update or --docs (a sitting is kept apart from docs/bench's run)")
+        if opts.task != "mnist1d" or "horovod" not in opts.policies.split(",") or opts.frontends != "torch":
+            ap.error("--sitting: task mnist1d, frontend torch, and horovod among --policies (its reference)")
     if opts.from_dir and opts.update:
         ap.error("--from and --update: choose one (--from runs nothing)")
     if opts.from_dir and not os.path.exists(os.path.join(opts.from_dir, "results.json")):
@@ -865,7 +905,8 @@ def main(argv=None):
                         continue
                     jobs.append((fe, prof, pol, seed))
     outdir = os.path.join(ROOT, "docs", "bench") if opts.docs else opts.out
-    os.makedirs(outdir, exist_ok=True)
+    if not opts.sitting:
+        os.makedirs(outdir, exist_ok=True)
     if opts.from_dir:
         return render(opts, outdir, json.load(open(os.path.join(opts.from_dir, "results.json"))))
     print(f"task {opts.task}: {len(jobs)} jobs ({opts.seeds} seed{'s' if opts.seeds > 1 else ''}), "
@@ -891,6 +932,8 @@ def main(argv=None):
                   f"{', DIVERGED (non-finite weights)' if row['diverged'] else ''} (job {res['job_s']:.0f} s, "
                   f"{time.perf_counter() - t_start:.0f} s so far, {len(jobs) - i} jobs left: "
                   f"~{left or 0:.0f} s)", flush=True)
+    if opts.sitting:
+        return write_sitting(opts, rows, t_start)
     if opts.update and os.path.exists(os.path.join(outdir, "results.json")):
         old = json.load(open(os.path.join(outdir, "results.json")))
         if old.get("task", "digits") != opts.task:
@@ -935,10 +978,26 @@ def write_outputs(opts, outdir: str, results: List[Dict], rows: List[Dict], t_st
     md_path = os.path.join(ROOT, "docs", "benchmarks.md") if opts.docs else os.path.join(outdir, "benchmarks.md")
     write_keeping_notes(md_path, md)
     if opts.docs and opts.task == "mnist1d":
-        write_between(os.path.join(ROOT, "README.md"), WHICH_BEGIN, WHICH_END, which_policy_table(cells, opts.target))
+        write_between(os.path.join(ROOT, "README.md"), WHICH_BEGIN, WHICH_END,
+                      which_policy_table(cells, opts.target, saved_sittings()))
     print("\n".join(check_targets(cells, opts.target, opts.task)))
     print(f"wrote {md_path}, {len(images)} plots and results.json / results.csv / cells.csv in {outdir} "
           f"({time.perf_counter() - t_start:.0f} s)")
+    return 0
+
+
+def write_sitting(opts, rows: List[Dict], t_start: float) -> int:
+    """--sitting: the run's rows in docs/bench/sitting-NAME.json, and README.md's policy table again (docs/bench's
+    cells and every sitting)."""
+    with open(sitting_path(opts.sitting), "w") as f:
+        json.dump({"task": opts.task, "target": opts.target, "global_steps": opts.global_steps,
+                   "sample_ms": opts.sample_ms, **{k: getattr(opts, k) for k in RUN_SETTINGS}, "rows": rows}, f,
+                  indent=1)
+    main_cells = json.load(open(os.path.join(ROOT, "docs", "bench", "results.json")))["cells"]
+    write_between(os.path.join(ROOT, "README.md"), WHICH_BEGIN, WHICH_END,
+                  which_policy_table(main_cells, opts.target, saved_sittings()))
+    print("\n".join(check_targets(aggregate(rows), opts.target, opts.task)))
+    print(f"wrote {sitting_path(opts.sitting)} and README.md's policy table ({time.perf_counter() - t_start:.0f} s)")
     return 0
 
 

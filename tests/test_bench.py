@@ -14,7 +14,7 @@ import pytest
 from launch import BIN, ROOT
 
 from benchmarks.matrix import (Eta, aggregate, check_targets, dip_after_target, final_accuracy, markdown, merge_runs,
-                                      parse_args, spread, summarize, time_to_target)
+                                      parse_args, spread, summarize, time_to_target, which_policy_table)
 
 
 def _env():
@@ -227,3 +227,38 @@ def test_controls_are_not_checked_against_the_targets_and_mixed_seeds_are_named(
     assert "--first-seed must be >= 0" in subprocess.run(
         [sys.executable, "-m", "benchmarks", "--first-seed", "-1"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, timeout=60).stdout
+
+
+def _cell_row(policy, seed, t, profile):
+    return {"frontend": "torch", "profile": profile, "policy": policy, "seed": seed, "time_to_target_s": t,
+            "time_to_target_steps": int(100 * t), "final_accuracy": 0.95, "wall_s": 20.0,
+            "staleness": {"mean": 0, "p90": 0, "max": 0}, "fast_compute_share": 0.9, "fast_wait_share": 0.1,
+            "compute_share": [0.9] * 4, "wait_share": [0.1] * 4, "comm_share": [0.0] * 4}
+
+
+def test_a_sittings_policy_joins_the_readme_table_against_its_own_horovod():
+    profiles = ("homogeneous", "static")
+    main = aggregate([_cell_row(p, s, t, prof) for prof in profiles for p, t in (("horovod", 20.0), ("asp", 16.0))
+                      for s in range(3)])
+    # the sitting's Horovod took 30 s: auto's 15 s is 2.00x against it (1.33x against the main run's 20 s)
+    own = aggregate([_cell_row(p, s, t, prof) for prof in profiles for p, t in (("horovod", 30.0), ("auto", 15.0))
+                     for s in range(3)])
+    table = which_policy_table(main, 0.9, [("auto", own)])
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
+    assert "**1.25x**" in rows["asp"] and "**2.00x** (2.00-2.00)" in rows["auto\u2020"], table
+    assert "20 s" in rows["plain Horovod (time to target)"] and "horovod\u2020" not in rows, table
+    note = [line for line in table.splitlines() if line.startswith("\u2020")]
+    assert len(note) == 1 and "docs/bench/sitting-auto.json" in note[0] and "equal speeds 30 s" in note[0], table
+    # without sittings: no footnote, no extra row
+    assert "\u2020" not in which_policy_table(main, 0.9)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--sitting", "auto", "--policies", "auto"], "horovod among --policies"),
+    (["--sitting", "Auto!", "--policies", "horovod,auto"], "--sitting: a name of a-z, 0-9 and -"),
+    (["--sitting", "auto", "--docs", "--policies", "horovod,auto"], "--sitting: not with --from, --update or --docs"),
+])
+def test_a_bad_sitting_is_a_one_line_error(args, says):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", *args], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert proc.returncode == 2 and says in proc.stdout, proc.stdout

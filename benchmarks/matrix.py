@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -749,7 +750,7 @@ def which_policy_table(cells: List[Dict], target: float, sittings: Sequence[Tupl
         notes.append(f"{mark} A sitting of its own (`python -m benchmarks --sitting {name}`, "
                      f"docs/bench/{SITTING_PREFIX}{name}.json), against that sitting's plain Horovod runs of the same "
                      f"seeds (time to target: " + "; ".join(ref) + ").")
-    return "\n".join(lines) + "\n" + "".join(f"\n{n}\n" for n in notes)
+    return "\n".join(lines) + "\n" + "".join(f"\n{textwrap.fill(n, 120, break_on_hyphens=False)}\n" for n in notes)
 
 
 def write_between(path: str, begin: str, end: str, block: str):

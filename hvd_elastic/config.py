@@ -18,6 +18,7 @@ import functools
 import json
 import math
 import os
+import re
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from . import registry
@@ -369,6 +370,20 @@ def horovod_elastic() -> bool:
     return os.environ.get("HOROVOD_ELASTIC", "0").strip() not in ("", "0")
 
 
+def horovod_cache_on() -> bool:
+    """Horovod's response cache is on: HOROVOD_CACHE_CAPACITY (horovodrun --cache-capacity) unset or not 0, read as
+    Horovod reads it (std::strtol into a uint32_t: no leading number is 0, off; a negative one wraps, on)."""
+    value = os.environ.get("HOROVOD_CACHE_CAPACITY")
+    number = re.match(r"\s*[+-]?\d+", value or "")
+    return value is None or (number is not None and int(number.group()) != 0)
+
+
+ELASTIC_CACHE_WARNING = (
+    "hvd_elastic: warning: elastic Horovod with Horovod's response cache on: a worker lost during a collective can "
+    "abort a surviving rank in Gloo (pair.cc:510) and end the job; run horovodrun --cache-capacity 0 "
+    "(docs/horovod-compat.md, \"Elastic Horovod\")")
+
+
 def elastic_policies(frontend: str) -> tuple:
     """The policies that run under elastic Horovod on `frontend` (the registry's elastic entry)."""
     return tuple(name for name in POLICIES if frontend in registry.policy(name).elastic)
@@ -380,7 +395,8 @@ def load(policy_kwargs: Mapping[str, Any], allgather_object: Callable[[Any], lis
     cannot run, and warn (rank 0) about knobs the policy does not read. Every problem is a one-line ConfigError.
 
     Under elastic Horovod nothing here is collective (a worker that joins builds its optimizer before the others
-    reach it, as with Horovod's own DistributedOptimizer), and only the registry's elastic policies are accepted."""
+    reach it, as with Horovod's own DistributedOptimizer), only the registry's elastic policies are accepted, and rank
+    0 warns while Horovod's response cache is on (ELASTIC_CACHE_WARNING)."""
     install_excepthook()
     raw = raw_settings(None, policy_kwargs)
     elastic = horovod_elastic()
@@ -396,6 +412,8 @@ def load(policy_kwargs: Mapping[str, Any], allgather_object: Callable[[Any], lis
         raise ConfigError(f"{src}={cfg.policy!r} does not support elastic Horovod (HOROVOD_ELASTIC=1, horovodrun "
                           f"--elastic) on {frontend}; elastic jobs there run policy "
                           f"{'|'.join(elastic_policies(frontend))}")
+    if elastic and rank == 0 and horovod_cache_on():
+        print(ELASTIC_CACHE_WARNING, flush=True)
     unused = unused_settings(raw, cfg)
     if unused and rank == 0:
         print(f"hvd_elastic: warning: policy {cfg.policy} does not use {', '.join(unused)}", flush=True)

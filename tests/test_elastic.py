@@ -29,7 +29,7 @@ import sys
 import pytest
 
 from hvd_elastic import registry
-from hvd_elastic.config import POLICIES, elastic_policies, load
+from hvd_elastic.config import ELASTIC_CACHE_WARNING, POLICIES, elastic_policies, load
 from hvd_elastic.errors import ConfigError
 from launch import BIN, ROOT, job_env, run, side_by_side
 
@@ -302,6 +302,32 @@ def test_a_policy_declared_without_elastic_support_is_refused_under_elastic_horo
     assert f"elastic jobs there run policy {'|'.join(elastic_policies('Keras'))}" in msg, msg
     monkeypatch.delenv("HOROVOD_ELASTIC")
     assert load({"policy": "asp"}, lambda obj: [obj], 0, "Keras").policy == "asp"
+
+
+@pytest.mark.parametrize("capacity, warned", [(None, True), ("1024", True), ("0", False), ("", False),
+                                               ("off", False), ("-1", True)])
+def test_rank_0_warns_once_under_elastic_horovod_while_horovods_response_cache_is_on(monkeypatch, capsys, capacity,
+                                                                                    warned):
+    """A lost worker can abort a survivor in Gloo while Horovod's response cache is on (docs/horovod-compat.md): an
+    elastic start-up says so in one line on rank 0, read as Horovod reads HOROVOD_CACHE_CAPACITY (unset: on; no
+    leading number: 0, off); not on the other ranks, and not outside elastic Horovod."""
+    for var in [v for v in os.environ if v.startswith("HVD_ELASTIC_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    if capacity is None:
+        monkeypatch.delenv("HOROVOD_CACHE_CAPACITY", raising=False)
+    else:
+        monkeypatch.setenv("HOROVOD_CACHE_CAPACITY", capacity)
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    for rank in (0, 1):
+        load({"policy": "asp"}, None, rank, "PyTorch")
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if "response cache" in ln]
+    assert lines == ([ELASTIC_CACHE_WARNING] if warned else []), out
+    assert "horovodrun --cache-capacity 0" in ELASTIC_CACHE_WARNING and "\n" not in ELASTIC_CACHE_WARNING
+    monkeypatch.delenv("HOROVOD_ELASTIC")
+    load({"policy": "asp"}, lambda obj: [obj], 0, "PyTorch")
+    assert "response cache" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("frontend", registry.FRONTENDS)

@@ -379,8 +379,8 @@ def horovod_cache_on() -> bool:
 
 
 ELASTIC_CACHE_WARNING = (
-    "hvd_elastic: warning: elastic Horovod with Horovod's response cache on: a worker lost during a collective can "
-    "abort a surviving rank in Gloo (pair.cc:510) and end the job; run horovodrun --cache-capacity 0 "
+    "hvd_elastic: warning: elastic Horovod under a tick policy with Horovod's response cache on: a worker lost during "
+    "a collective can abort a surviving rank in Gloo (pair.cc:510) and end the job; run horovodrun --cache-capacity 0 "
     "(docs/horovod-compat.md, \"Elastic Horovod\")")
 
 
@@ -396,7 +396,7 @@ def load(policy_kwargs: Mapping[str, Any], allgather_object: Callable[[Any], lis
 
     Under elastic Horovod nothing here is collective (a worker that joins builds its optimizer before the others
     reach it, as with Horovod's own DistributedOptimizer), only the registry's elastic policies are accepted, and rank
-    0 warns while Horovod's response cache is on (ELASTIC_CACHE_WARNING)."""
+    0 warns under a tick policy while Horovod's response cache is on (ELASTIC_CACHE_WARNING)."""
     install_excepthook()
     raw = raw_settings(None, policy_kwargs)
     elastic = horovod_elastic()
@@ -412,7 +412,7 @@ def load(policy_kwargs: Mapping[str, Any], allgather_object: Callable[[Any], lis
         raise ConfigError(f"{src}={cfg.policy!r} does not support elastic Horovod (HOROVOD_ELASTIC=1, horovodrun "
                           f"--elastic) on {frontend}; elastic jobs there run policy "
                           f"{'|'.join(elastic_policies(frontend))}")
-    if elastic and rank == 0 and horovod_cache_on():
+    if elastic and rank == 0 and spec.ticks and horovod_cache_on():
         print(ELASTIC_CACHE_WARNING, flush=True)
     unused = unused_settings(raw, cfg)
     if unused and rank == 0:

@@ -8,7 +8,9 @@ the one Keras runs). Workers: benchmarks/torch_worker.py, keras_worker.py. It wr
 results.json (every run and the per-cell aggregates), results.csv (one row per run), cells.csv (one row per cell:
 medians and min-max over the seeds), per (frontend, profile) a bar chart of time to target per policy, accuracy
 curves and each rank's compute / wait / communication share, and benchmarks.md (the tables and the targets checked).
-``--docs`` writes them where the repository keeps them (docs/benchmarks.md and docs/bench/).
+``--docs`` writes them where the repository keeps them (docs/benchmarks.md and docs/bench/). ``--sitting NAME`` keeps a
+run apart (docs/bench/sitting-NAME.json; Horovod among its policies): README.md's policy table gains its policies,
+each against that sitting's own Horovod runs.
 
 Speeds are emulated by sleeps (hvd_elastic.emulation), the same for every policy, so 4 ranks on 2 cores behave
 like workers of different speeds. A worker's step is --sample-ms per sample times its speed factor.

@@ -18,8 +18,9 @@ Horovod elastic script (TorchState, ``@hvd.elastic.run``, ``state.commit()`` eve
 - every policy runs elastic on every frontend it runs on; a policy declared without it would be refused at load()
   with one line naming the setting and the policies that do.
 
-A killed worker is recovered from here only (tests/test_multihost.py removes a host and adds it back, on a cluster
-of network namespaces, where root is available)."""
+tests/test_multihost.py kills a worker, then removes and adds its host, across the hosts of a cluster of network
+namespaces (where root is available) under every PyTorch policy, Keras model.fit under wbsp with overlap and lbbsp,
+and the TensorFlow custom loop under auto."""
 import dataclasses
 import os
 import re

@@ -37,7 +37,7 @@ def cluster():
     probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"multi-host tests need `ip netns`: {probe.stderr.strip()[:100]}")
-    autogroup_before = _autogroup()
+    autogroup_before = _autogroup_to_restore()
     up = _cluster("up", str(len(HOSTS)), "--rate", "1gbit", "--venv", os.path.dirname(BIN), check=False)
     if up.returncode != 0:
         _cluster("down", check=False)
@@ -47,6 +47,18 @@ def cluster():
     yield HOSTS
     _cluster("down")
     assert _autogroup() == autogroup_before, "ci/cluster.sh down did not restore kernel.sched_autogroup_enabled"
+
+
+def _autogroup_to_restore():
+    """The value `down` must leave: the one an earlier, interrupted `up` recorded (ci/cluster.sh keeps it in
+    autogroup-was until a `down`), else the one set now."""
+    cache = os.environ.get("HVDE_CLUSTER_CACHE") or os.path.join(
+        os.environ.get("HVD_ELASTIC_CACHE") or os.path.expanduser("~/.cache/hvd-elastic"), "cluster")
+    try:
+        with open(os.path.join(cache, "autogroup-was")) as f:
+            return f.read().strip()
+    except OSError:
+        return _autogroup()
 
 
 def _autogroup():

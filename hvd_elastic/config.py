@@ -18,10 +18,9 @@ import functools
 import json
 import math
 import os
-import re
 from typing import Any, Callable, Dict, Mapping, Optional
 
-from . import registry
+from . import horovod_env, registry
 from .engine.pacing import SMALL_WORDS, TICK_PACINGS
 from .engine.policies.base import Policy as _Rule
 from .engine.pacing.rules import AUTO_EXIT_SPEED, HOLD_FRACTION, PEER_SPEED
@@ -364,26 +363,6 @@ def unused_settings(raw: Mapping[str, list], cfg: Config) -> list:
     return [_where(name, raw[name][0]) for name in raw if name in KNOBS_BY_NAME and not spec.reads_under(name, cfg)]
 
 
-def horovod_elastic() -> bool:
-    """True in a worker of an elastic Horovod job (``horovodrun --elastic``: Horovod sets HOROVOD_ELASTIC=1), where
-    ranks may leave and join between steps (``hvd.elastic.run``)."""
-    return os.environ.get("HOROVOD_ELASTIC", "0").strip() not in ("", "0")
-
-
-def horovod_cache_on() -> bool:
-    """Horovod's response cache is on: HOROVOD_CACHE_CAPACITY (horovodrun --cache-capacity) unset or not 0, read as
-    Horovod reads it (std::strtol into a uint32_t: no leading number is 0, off; a negative one wraps, on)."""
-    value = os.environ.get("HOROVOD_CACHE_CAPACITY")
-    number = re.match(r"\s*[+-]?\d+", value or "")
-    return value is None or (number is not None and int(number.group()) != 0)
-
-
-ELASTIC_CACHE_WARNING = (
-    "hvd_elastic: warning: elastic Horovod under a tick policy with Horovod's response cache on: a worker lost during "
-    "a collective can abort a surviving rank in Gloo (pair.cc:510) and end the job; run horovodrun --cache-capacity 0 "
-    "(docs/horovod-compat.md, \"Elastic Horovod\")")
-
-
 def elastic_policies(frontend: str) -> tuple:
     """The policies that run under elastic Horovod on `frontend` (the registry's elastic entry)."""
     return tuple(name for name in POLICIES if frontend in registry.policy(name).elastic)
@@ -396,10 +375,11 @@ def load(policy_kwargs: Mapping[str, Any], allgather_object: Callable[[Any], lis
 
     Under elastic Horovod nothing here is collective (a worker that joins builds its optimizer before the others
     reach it, as with Horovod's own DistributedOptimizer), only the registry's elastic policies are accepted, and rank
-    0 warns under a tick policy while Horovod's response cache is on (ELASTIC_CACHE_WARNING)."""
+    0 says what it knows of Horovod's response cache (horovod_env.cache_line: a warning under a tick policy while the
+    cache is on)."""
     install_excepthook()
     raw = raw_settings(None, policy_kwargs)
-    elastic = horovod_elastic()
+    elastic = horovod_env.horovod_elastic()
     if not elastic:
         check_ranks_agree(raw, allgather_object)
     cfg = parse_settings(raw)
@@ -412,8 +392,8 @@ def load(policy_kwargs: Mapping[str, Any], allgather_object: Callable[[Any], lis
         raise ConfigError(f"{src}={cfg.policy!r} does not support elastic Horovod (HOROVOD_ELASTIC=1, horovodrun "
                           f"--elastic) on {frontend}; elastic jobs there run policy "
                           f"{'|'.join(elastic_policies(frontend))}")
-    if elastic and rank == 0 and spec.ticks and horovod_cache_on():
-        print(ELASTIC_CACHE_WARNING, flush=True)
+    if elastic and rank == 0 and horovod_env.cache_line(spec.ticks):
+        print(horovod_env.cache_line(spec.ticks), flush=True)
     unused = unused_settings(raw, cfg)
     if unused and rank == 0:
         print(f"hvd_elastic: warning: policy {cfg.policy} does not use {', '.join(unused)}", flush=True)

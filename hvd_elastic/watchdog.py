@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from .config import horovod_elastic
+from .horovod_env import horovod_elastic
 from .errors import HvdElasticError
 from .sidechannel import Channel, Link, host_info
 from .stall import ERROR_GRACE_S, UNKNOWN, RankState, StallRule

@@ -25,13 +25,15 @@ import dataclasses
 import os
 import re
 import stat
+import subprocess
 import sys
 
 import pytest
 
 from hvd_elastic import registry
-from hvd_elastic.config import ELASTIC_CACHE_WARNING, POLICIES, elastic_policies, load
+from hvd_elastic.config import POLICIES, elastic_policies, load
 from hvd_elastic.errors import ConfigError
+from hvd_elastic.horovod_env import ELASTIC_CACHE_NOTICE, ELASTIC_CACHE_WARNING
 from launch import BIN, ROOT, job_env, run, side_by_side
 
 
@@ -172,6 +174,9 @@ def _survived(elastic_jobs, name):
     policy = JOBS[name][0]["HVD_ELASTIC_POLICY"]
     assert len(res.lines_with("KILLED rank=")) == 1, res.output[-4000:]
     assert _finals(res, 2, 60, policy) == SIZES
+    # the workers import hvd_elastic before hvd.init(): under a tick policy Horovod's response cache is off, said once
+    assert bool(res.lines_with(ELASTIC_CACHE_NOTICE)) == registry.policy(policy).ticks, res.output[-4000:]
+    assert not res.lines_with(ELASTIC_CACHE_WARNING), res.output[-4000:]
     print(f"{name}: {res.elapsed:.1f} s")
     return res, policy
 
@@ -332,6 +337,42 @@ def test_rank_0_warns_once_under_elastic_horovod_while_horovods_response_cache_i
     monkeypatch.delenv("HOROVOD_ELASTIC")
     load({"policy": "asp"}, lambda obj: [obj], 0, "PyTorch")
     assert "response cache" not in capsys.readouterr().out
+
+
+IMPORT_THEN_LOAD = """
+import os, sys
+if sys.argv[1] == "init-first":
+    import horovod.torch as hvd
+    hvd.init()
+os.environ["HOROVOD_ELASTIC"] = "1"
+import hvd_elastic
+from hvd_elastic.config import load
+load({}, None, 0, "PyTorch")
+print("CAPACITY", os.environ.get("HOROVOD_CACHE_CAPACITY"))
+"""
+
+
+@pytest.mark.parametrize("policy, capacity, order, expected, line", [
+    ("asp", None, "import-first", "0", ELASTIC_CACHE_NOTICE),
+    ("wbsp", None, "init-first", None, ELASTIC_CACHE_WARNING),
+    ("bsp", None, "import-first", None, None),
+    ("ssp", "1024", "import-first", "1024", ELASTIC_CACHE_WARNING)], ids=["tick", "init-first", "bsp", "set"])
+def test_importing_hvd_elastic_turns_horovods_response_cache_off_in_an_elastic_worker_under_a_tick_policy(
+        policy, capacity, order, expected, line):
+    """In an elastic worker with HVD_ELASTIC_POLICY naming a tick policy and HOROVOD_CACHE_CAPACITY unset, importing
+    hvd_elastic before hvd.init() sets it to 0 and rank 0's start-up says so; with Horovod already initialised
+    (the ranks' settings would differ from those of a worker that joins later), under bsp, or with the job's own
+    setting, nothing is set, and the warning stands where the cache stays on under a tick policy."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("HVD_ELASTIC_") and k not in ("HOROVOD_CACHE_CAPACITY", "HOROVOD_ELASTIC")}
+    env.update({"HVD_ELASTIC_POLICY": policy, **({"HOROVOD_CACHE_CAPACITY": capacity} if capacity else {}),
+                "PYTHONPATH": os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])})
+    res = subprocess.run([sys.executable, "-c", IMPORT_THEN_LOAD, order], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = [ln for ln in res.stdout.splitlines() if "response cache" in ln]
+    assert lines == ([line] if line else []), res.stdout
+    assert f"CAPACITY {expected}" in res.stdout.splitlines(), res.stdout
 
 
 @pytest.mark.parametrize("frontend", registry.FRONTENDS)

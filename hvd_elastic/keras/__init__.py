@@ -28,7 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from .. import config as _config
+from .. import horovod_env
 from .. import stall as _stall
 from ..elastic import resets as _elastic_resets
 from ..errors import ConfigError
@@ -103,7 +103,7 @@ class SyncCallback(keras.callbacks.Callback):
         state.restart_if_finished()
         self._state = state
         policy, spec = state.cfg.policy, state.cfg.spec
-        if self.budget is not None and spec.lockstep and _config.horovod_elastic():
+        if self.budget is not None and spec.lockstep and horovod_env.horovod_elastic():
             raise ConfigError(f"SyncCallback(global_steps={self.budget}) under elastic Horovod with policy {policy}: "
                               f"each rank counts the steps it took since it started, so the ranks would stop at "
                               f"different steps; give hvd_elastic.keras.elastic.fit the job's length instead (epochs "
@@ -262,7 +262,7 @@ def lbbsp_dataset(optimizer, data, seed: int = 0, drop_last: bool = True, shuffl
     if not arrays or any(len(a) != len(arrays[0]) for a in arrays):
         raise ValueError(f"lbbsp_dataset(): data must be arrays of one length, got lengths "
                          f"{[len(a) for a in arrays]}")
-    if _config.horovod_elastic() and state.plan is not None:
+    if horovod_env.horovod_elastic() and state.plan is not None:
         raise ConfigError("policy lbbsp under elastic Horovod: lbbsp_dataset() was called again for this optimizer "
                           "(a new dataset starts the epoch over); make it once, before the function of "
                           "hvd_elastic.keras.elastic.run, so that the KerasState keeps its place in the data")

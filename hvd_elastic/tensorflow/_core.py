@@ -23,7 +23,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from .. import config as _config
+from .. import config as _config, horovod_env
 from ..engine.engine import Frontend
 from ..errors import ConfigError, HvdElasticError
 from ..session import Session
@@ -172,10 +172,10 @@ class ElasticState:
         if not spec.horovod_optimizer:
             self._build_flat(trainable_variables)
         if self.session.lbbsp is not None:
-            if _config.horovod_elastic():
+            if horovod_env.horovod_elastic():
                 self._follow_lbbsp_resets()
             self.session.lbbsp.bind(self.flat.numel, self.flat.dtype)
-        elif spec.ticks and _config.horovod_elastic():
+        elif spec.ticks and horovod_env.horovod_elastic():
             # built now and again after each reset, for the ranks of the moment, from the most advanced replica
             if self.elastic is None:
                 from .elastic import elastic_run

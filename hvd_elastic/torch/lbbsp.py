@@ -20,7 +20,7 @@ import horovod.torch as hvd
 import horovod.torch.elastic.state as _elastic_state
 import torch
 
-from .. import config as _config
+from .. import horovod_env
 from ..elastic import LbbspResets
 from ..errors import HvdElasticError
 from ..lbbsp import BatchPlan, LbbspController
@@ -224,7 +224,7 @@ def build_lbbsp(optimizer, state, *, compression, op, gradient_predivide_factor,
     # zero_grad() ends a step whose step() the script skipped.
     wrap_class(optimizer, state, _lbbsp_step, {"synchronize": _lbbsp_synchronize, "zero_grad": _lbbsp_zero_grad})
     state.flat = flat
-    if _config.horovod_elastic():
+    if horovod_env.horovod_elastic():
         # a worker that joins builds its optimizer alone: hvd.elastic.run's sync brings the weights
         state.elastic = LbbspElastic(state)
     else:
@@ -278,7 +278,7 @@ class LbbspSampler(torch.utils.data.Sampler):
         _controller(optimizer)
         n = int(dataset_len if isinstance(dataset_len, int) else len(dataset_len))
         resets = lambda: 0   # noqa: E731
-        if _config.horovod_elastic():
+        if horovod_env.horovod_elastic():
             from .elastic import resets
         self.plan = BatchPlan(n, lambda: _controller(optimizer), seed=seed, drop_last=drop_last, shuffle=shuffle,
                               permutation=_distributed_sampler_permutation, resets=resets)

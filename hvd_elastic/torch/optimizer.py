@@ -28,7 +28,7 @@ import torch
 # assignment, and then hvd.DistributedOptimizer is this module's function (calling it from bsp would recurse).
 from horovod.torch.optimizer import DistributedOptimizer as _HOROVOD_DISTRIBUTED_OPTIMIZER
 
-from .. import config as _config
+from .. import config as _config, horovod_env
 from .. import stall as _stall
 from ..engine.engine import Frontend, SyncEngine
 from ..engine.ticker import TickerError
@@ -200,7 +200,7 @@ def _build_relaxed(optimizer, state: Attached, backward_passes_per_step: int = 1
     def start(recover=None):
         _start_engine(optimizer, state, backward_passes_per_step, recover)
 
-    if _config.horovod_elastic():
+    if horovod_env.horovod_elastic():
         # Elastic Horovod: a worker that joins builds its optimizer while the others sync; the engine is built at
         # the first step() (and again after each reset), where every rank is (torch/elastic.py).
         from .elastic import elastic_run

@@ -13,6 +13,7 @@ tick policies, the updates the survivors lost per reset. Writes --out (JSON, eve
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -63,6 +64,7 @@ def run(arm: str, seed: int, opts, workdir: str) -> dict:
         raise RuntimeError(f"{arm} seed {seed} failed (exit {proc.returncode}; the job's whole output: {log}):\n"
                            f"{proc.stdout[-4000:]}")
     res = json.load(open(out))
+    shutil.rmtree(folder, ignore_errors=True)   # a failed job's folder stays, with its log (above)
     events = [ln.split("CHURN ", 1)[1] for ln in proc.stdout.splitlines() if "CHURN killed" in ln or
               "CHURN added" in ln]
     res.update({"arm": arm, "seed": seed, "job_s": time.perf_counter() - t0, "events": events})
@@ -104,6 +106,7 @@ def main(argv=None):
                   f"events {res['events']}, {res['counters']}", flush=True)
             with open(opts.out, "w") as f:
                 json.dump({"options": vars(opts), "runs": runs}, f)
+    shutil.rmtree(workdir, ignore_errors=True)
     print(f"\n| arm | time to {opts.target:g} (s) | vs Horovod elastic | final accuracy | wall (s) | "
           f"reset gaps (s) | lost per reset |")
     print("|---|---|---|---|---|---|---|")

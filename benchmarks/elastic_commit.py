@@ -18,7 +18,11 @@ BIN = os.path.dirname(sys.executable)
 
 
 def run(policy: str, ranks: int, params: float, commit_every: int, steps: int) -> dict:
-    folder = tempfile.mkdtemp()
+    with tempfile.TemporaryDirectory(prefix="hvde-commit-") as folder:
+        return _run(folder, policy, ranks, params, commit_every, steps)
+
+
+def _run(folder: str, policy: str, ranks: int, params: float, commit_every: int, steps: int) -> dict:
     discover = os.path.join(folder, "discover.sh")
     with open(discover, "w") as f:
         f.write(f"#!/bin/sh\necho localhost:{ranks}\n")

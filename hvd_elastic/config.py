@@ -392,8 +392,9 @@ def load(policy_kwargs: Mapping[str, Any], allgather_object: Callable[[Any], lis
         raise ConfigError(f"{src}={cfg.policy!r} does not support elastic Horovod (HOROVOD_ELASTIC=1, horovodrun "
                           f"--elastic) on {frontend}; elastic jobs there run policy "
                           f"{'|'.join(elastic_policies(frontend))}")
-    if elastic and rank == 0 and horovod_env.cache_line(spec.ticks):
-        print(horovod_env.cache_line(spec.ticks), flush=True)
+    cache_line = horovod_env.cache_line(spec.ticks) if elastic and rank == 0 else ""
+    if cache_line:
+        print(cache_line, flush=True)
     unused = unused_settings(raw, cfg)
     if unused and rank == 0:
         print(f"hvd_elastic: warning: policy {cfg.policy} does not use {', '.join(unused)}", flush=True)

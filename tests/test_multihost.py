@@ -37,28 +37,20 @@ def cluster():
     probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"multi-host tests need `ip netns`: {probe.stderr.strip()[:100]}")
-    autogroup_before = _autogroup_to_restore()
+    autogroup_before = _autogroup()
     up = _cluster("up", str(len(HOSTS)), "--rate", "1gbit", "--venv", os.path.dirname(BIN), check=False)
     if up.returncode != 0:
         _cluster("down", check=False)
         pytest.fail(f"ci/cluster.sh up failed: {up.stderr[-2000:]}")
+    # what `down` puts back: the value the first `up` found (status says it; a cluster left up by an interrupted run
+    # had already changed it), else the one seen here
+    restores = re.search(r"down restores (\d+)\)", _cluster("status").stdout)
+    autogroup_after = restores.group(1) if restores else autogroup_before
     # one scheduler for all hosts while the cluster is up (ci/cluster.sh, "One scheduler for all hosts")
     assert _autogroup() in (None, "0")
     yield HOSTS
     _cluster("down")
-    assert _autogroup() == autogroup_before, "ci/cluster.sh down did not restore kernel.sched_autogroup_enabled"
-
-
-def _autogroup_to_restore():
-    """The value `down` must leave: the one an earlier, interrupted `up` recorded (ci/cluster.sh keeps it in
-    autogroup-was until a `down`), else the one set now."""
-    cache = os.environ.get("HVDE_CLUSTER_CACHE") or os.path.join(
-        os.environ.get("HVD_ELASTIC_CACHE") or os.path.expanduser("~/.cache/hvd-elastic"), "cluster")
-    try:
-        with open(os.path.join(cache, "autogroup-was")) as f:
-            return f.read().strip()
-    except OSError:
-        return _autogroup()
+    assert _autogroup() == autogroup_after, "ci/cluster.sh down did not restore kernel.sched_autogroup_enabled"
 
 
 def _autogroup():

@@ -22,10 +22,15 @@ is sized for one rank set, so around that reset:
   runs, the ranks agree on the driver's announcements through the ticks instead (each rank's latest in its row of
   the tick table, engine/table.py HOSTS), and each raises HostsUpdatedInterrupt at its first commit after the tick
   that carries a change, always with Horovod's sync after the reset (:func:`check_host_updates`);
-- a new engine is built at the first step after the reset (collective: every rank, new ones included, is there
-  after Horovod's sync), for the new ranks, from the snapshot of the survivor that applied the most updates (its
-  weights and optimizer state broadcast to every rank), or from the state Horovod synced where no survivor has
-  one. The engine's clocks, gates, barriers and tick table start afresh over the new ranks.
+- right after Horovod's sync (PyTorch: TorchState.sync; :func:`resume_early`), every rank takes the snapshot of
+  the survivor that applied the most updates (its weights and optimizer state broadcast to every rank), or keeps
+  the state Horovod synced where no survivor has one, so the script's first step after the reset computes its
+  gradient on the weights it is applied to;
+- a new engine is built at that first step (collective: every rank, new ones included, is there), for the new
+  ranks, from that state. The TensorFlow frontends load the snapshot here instead (their replica is made with the
+  engine, so a joiner has none at the sync): Keras fit starts its engine before its first batch, a custom loop at
+  its first apply, whose gradient was computed on the state Horovod synced. The engine's clocks, gates, barriers
+  and tick table start afresh over the new ranks.
 
 So a reset loses at most the updates in flight when it happened, not the steps since the last commit. The rest of
 what the script's state holds (buffers, the script's own counters such as ``state.batch``) comes back from the
@@ -112,6 +117,7 @@ class ElasticRun:
         self.heard = 0             # the latest change of the rank set announced to this rank (timestamp x 4 + kind)
         self.handled_s = 0         # the timestamp of the latest change this rank has reset for
         self.baseline_s = 0        # ... the latest any rank of this engine had reset for (agreed at its start)
+        self.preloaded = None      # (rank, updates) of the survivor replica loaded at the state's sync (resume_early)
         _LIVE.append(self)
 
     # ---- the training thread ---------------------------------------------------------------------------------
@@ -136,6 +142,28 @@ class ElasticRun:
         cause = error.__cause__ if error.__cause__ is not None else error
         return HorovodInternalError(f"hvd_elastic: the ticks failed: {cause}")
 
+    def resume_early(self):
+        """Collective, right after Horovod's sync of the script's state (the elastic loop's start, and after each
+        reset), where no engine runs: every rank takes the most advanced survivor's replica now, so that the first
+        step after a reset computes its gradient on the weights the new engine starts from -- not on the commit
+        Horovod restored, or rank 0's replica it synced. The engine's start (_recover) does the accounting and
+        loads nothing again unless the rank set was reset in between."""
+        if self.ticking():
+            return
+        self.session.follow_ranks()
+        snap = self.snapshot
+        progress = self.replica.allgather(snap.progress if snap is not None else -1, "hvd_elastic.elastic.resume")
+        best = max(range(len(progress)), key=lambda r: (progress[r], -r))
+        if progress[best] >= 0:
+            self._load_from(best, snap)
+        self.preloaded = (best, progress[best])
+
+    def _load_from(self, best: int, snap: Optional["Snapshot"]):
+        """Collective: rank `best`'s snapshot becomes every rank's weights and optimizer state."""
+        if self.session.rank == best:
+            self.replica.load(snap.weights, snap.optimizer_state)
+        self.replica.broadcast(best)
+
     def _recover(self, epoch_and_id):
         """Collective, at a new engine's start: every rank learns every survivor's progress; the most advanced
         snapshot (lowest rank among equals) becomes every rank's weights and optimizer state. Returns the job's
@@ -147,10 +175,9 @@ class ElasticRun:
         self.baseline_s = max(e.handled_s for e in everyone)
         best = max(range(len(everyone)), key=lambda r: (everyone[r].progress, -r))
         chosen = everyone[best]
-        if chosen.progress >= 0:
-            if self.session.rank == best:
-                self.replica.load(snap.weights, snap.optimizer_state)
-            self.replica.broadcast(best)
+        if chosen.progress >= 0 and self.preloaded != (best, chosen.progress):
+            self._load_from(best, snap)
+        self.preloaded = None
         if self.resets or snap is not None:
             self.recovered_from.append(int(chosen.progress))
             self._account(everyone, chosen)
@@ -203,12 +230,14 @@ class ElasticRun:
     # ---- the reset (hvd.elastic.run) ---------------------------------------------------------------------------
     def keep_replica(self):
         """Horovod is about to restore the last commit after a failure: keep this replica first."""
+        self.preloaded = None
         if self.ticking():
             self._take_snapshot()
 
     def stop(self):
         """The reset: stop this optimizer's engine (returned, for the join after Horovod's shutdown), None if none
         runs."""
+        self.preloaded = None
         if not self.ticking():
             return None
         engine = self.session.engine
@@ -303,6 +332,13 @@ def stop_engines() -> list:
     _RESETS["count"] += 1
     _RESETS["at"] = time.perf_counter()
     return [e for e in (run.stop() for run in live()) if e is not None]
+
+
+def resume_early():
+    """Right after Horovod's sync of the script's state: every live optimizer without a running engine takes the most
+    advanced survivor's replica (ElasticRun.resume_early; collective)."""
+    for run in live():
+        run.resume_early()
 
 
 def join_stopped(engines: list):

@@ -169,6 +169,14 @@ def _resumed(res):
     return resumed
 
 
+def _restarted_on_the_replica(res):
+    """PyTorch: at the kill (the first reset), where the survivor's replica holds updates beyond rank 0's last
+    commit, train() starts again on that replica, before its first step computes a gradient -- not on the commit
+    Horovod restored."""
+    if _per_reset(res, "beyond_commit")[0] > 0:
+        assert _per_reset(res, "entry_is_commit")[0] == 0, res.lines_with("ELASTIC rank=0 ")
+
+
 def _survived(elastic_jobs, name):
     res, _ = elastic_jobs[name].result()
     policy = JOBS[name][0]["HVD_ELASTIC_POLICY"]
@@ -193,6 +201,7 @@ def test_a_tick_policy_survives_and_resumes_from_a_survivors_replica(elastic_job
     # each of the four resets resumed from a survivor's replica (the updates it applied), none from a commit
     resumed = _resumed(res)
     assert len(resumed) == 4 and all(r > 0 for r in resumed), resumed
+    _restarted_on_the_replica(res)
     _before_reset_within_the_workers_own_gaps(res)
 
 
@@ -203,6 +212,7 @@ def test_zipline_resumes_from_the_survivors_replica_not_the_last_commit(elastic_
     # both ranks completed (their ticks applied), at least: 8 updates or more kept beyond the commit
     assert len(resumed) == 4 and resumed[0] >= 2 * 14 and all(r > 0 for r in resumed), resumed
     assert _per_reset(res, "beyond_commit")[0] >= 2 * 4, res.lines_with("ELASTIC rank=0 ")
+    _restarted_on_the_replica(res)
     _before_reset_within_the_workers_own_gaps(res)
 
 

@@ -5,7 +5,9 @@ Horovod's resets here too (:func:`resets`) and rebuilds its batch plan on its ow
 
 - hvd.elastic.run's reset (``horovod.torch.elastic``'s shutdown) stops every live engine first;
 - ``TorchState.restore`` (after a failure) keeps every live engine's replica first;
-- ``TorchState.check_host_updates`` (every commit) goes through the ticks while an engine runs.
+- ``TorchState.check_host_updates`` (every commit) goes through the ticks while an engine runs;
+- ``TorchState.sync`` (the loop's start, and after each reset) is followed by the move to the most advanced
+  survivor's replica, so the script's first step after a reset computes on the weights the new engine starts from.
 docs/horovod-compat.md, "Elastic Horovod".
 """
 from __future__ import annotations
@@ -48,7 +50,7 @@ def elastic_run(optimizer, state, start_engine) -> ElasticRun:
     return ElasticRun(TorchReplica(optimizer, state), state.session, start_engine)
 
 
-_HOROVOD = {"shutdown": None, "restore": None, "check_host_updates": None}
+_HOROVOD = {"shutdown": None, "restore": None, "check_host_updates": None, "sync": None}
 
 
 def _stop_engines_then_shutdown():
@@ -70,11 +72,21 @@ def _keep_replicas_then_restore(self):
     _HOROVOD["restore"](self)
 
 
+def _sync_then_resume_early(self):
+    """TorchState.sync (the elastic loop's start, and after each reset): Horovod's sync of rank 0's state, then every
+    live optimizer without a running engine takes the most advanced survivor's replica, before the script's first
+    step computes a gradient."""
+    _HOROVOD["sync"](self)
+    _elastic.resume_early()
+
+
 def install():
     """Route hvd.elastic.run's reset through :func:`_stop_engines_then_shutdown`, TorchState.restore through
-    :func:`_keep_replicas_then_restore` and TorchState.check_host_updates through the ticks (once per process)."""
+    :func:`_keep_replicas_then_restore`, TorchState.check_host_updates through the ticks and TorchState.sync through
+    :func:`_sync_then_resume_early` (once per process)."""
     if _HOROVOD["shutdown"] is None:
         _HOROVOD["shutdown"], _horovod_elastic.shutdown = _horovod_elastic.shutdown, _stop_engines_then_shutdown
         _HOROVOD["restore"], TorchState.restore = TorchState.restore, _keep_replicas_then_restore
         _HOROVOD["check_host_updates"], TorchState.check_host_updates = \
             TorchState.check_host_updates, _check_host_updates_through_ticks
+        _HOROVOD["sync"], TorchState.sync = TorchState.sync, _sync_then_resume_early

@@ -30,7 +30,9 @@ this rank since then> resets=<resets this optimizer saw> resumed=<per reset: upd
 the commit> lost=<per reset: the survivors' pushes not in that state> in_flight=<... not yet in a tick each survivor
 had applied> beyond_commit=<the updates that state holds beyond the new rank 0's last commit> before_reset=<per
 reset: the report's seconds from this rank's last step to the reset's start> step_to_reset_end=<per reset: seconds
-from this rank's last opt.step() to the reset's end, measured here>``, and rank 0 the plugin's report
+from this rank's last opt.step() to the reset's end, measured here> entry_is_commit=<per reset: 1 if the weights
+train() starts again with, before any step, are those of this rank's last state.commit(), else 0>``, and rank 0 the
+plugin's report
 (HVD_ELASTIC_REPORT is on).
 """
 import argparse
@@ -93,6 +95,22 @@ stepped = {"at": time.perf_counter(), "gaps": []}
 state.register_reset_callbacks([lambda: stepped["gaps"].append(time.perf_counter() - stepped["at"])])
 
 
+def weights_digest() -> int:
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+    return zlib.crc32(np.ascontiguousarray(weights).tobytes())
+
+
+# the digest of the weights at this rank's last commit, and per train() entry after the first (a reset) whether the
+# weights it starts with are those
+committed = {"digest": None}
+entry_is_commit = []
+
+
+def commit():
+    committed["digest"] = weights_digest()    # before commit(): it saves, then may raise HostsUpdatedInterrupt
+    state.commit()
+
+
 def listed(values) -> str:
     """Per-reset figures as the ELASTIC line prints them: comma separated, '-' for none."""
     return ",".join(map(str, values)) or "-"
@@ -141,11 +159,13 @@ def hold():
         if not LBBSP:
             train_step(1000 * state.batch + 100 + hvd.rank())
         time.sleep(0.2)
-        state.commit()
+        commit()
 
 
 @hvd.elastic.run
 def train(state):
+    if committed["digest"] is not None or entry_is_commit:     # not the job's start: after a reset
+        entry_is_commit.append(int(weights_digest() == committed["digest"]))
     hold()
     for step in batches():
         step()
@@ -164,15 +184,14 @@ def train(state):
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(args.step_sleep)
         if state.batch % args.commit_every == 0:
-            state.commit()
+            commit()
         hold()
 
 
 train(state)
 report = hvde.finish(opt)
-weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
 audit = f" audit_off={int((model.seen.detach() - 1).abs().gt(1e-6).sum())}" if LBBSP else ""
-digest = zlib.crc32(np.ascontiguousarray(weights).tobytes())
+digest = weights_digest()
 counters = [r["counters"] for r in report["ranks"]]
 mine = counters[hvd.rank()]
 # pushed: every final rank's pushes into the last engine (the one built after the last reset); applied: the updates
@@ -185,4 +204,5 @@ print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.batch} global={
       f"in_flight={listed(mine.get('elastic_in_flight_updates', []))} "
       f"beyond_commit={listed(mine.get('elastic_beyond_commit_updates', []))} "
       f"before_reset={listed(mine.get('elastic_before_reset_s', []))} "
-      f"step_to_reset_end={listed(round(g, 3) for g in stepped['gaps'])}{audit}", flush=True)
+      f"step_to_reset_end={listed(round(g, 3) for g in stepped['gaps'])} entry_is_commit={listed(entry_is_commit)}"
+      f"{audit}", flush=True)

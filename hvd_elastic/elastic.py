@@ -80,6 +80,11 @@ class Standing(NamedTuple):
     base: int                # the job's steps in its model when its last engine started
 
 
+def most_advanced(progress: List[int]) -> int:
+    """The rank whose snapshot holds the most updates (`progress`, per rank; -1: none), the lowest among equals."""
+    return max(range(len(progress)), key=lambda r: (progress[r], -r))
+
+
 class Snapshot:
     """A survivor's model at a reset: flat weights (gradient policies: the replica; wbsp: the global model W), the
     optimizer state and `progress`, the updates of all ranks applied into it; for the reset's accounting, the rank
@@ -153,7 +158,7 @@ class ElasticRun:
         self.session.follow_ranks()
         snap = self.snapshot
         progress = self.replica.allgather(snap.progress if snap is not None else -1, "hvd_elastic.elastic.resume")
-        best = max(range(len(progress)), key=lambda r: (progress[r], -r))
+        best = most_advanced(progress)
         if progress[best] >= 0:
             self._load_from(best, snap)
         self.preloaded = (best, progress[best])
@@ -173,7 +178,7 @@ class ElasticRun:
                         snap.account() if snap is not None else None, self.committed, self.base)
         everyone = [Standing(*e) for e in self.replica.allgather(tuple(mine), "hvd_elastic.elastic.start")]
         self.baseline_s = max(e.handled_s for e in everyone)
-        best = max(range(len(everyone)), key=lambda r: (everyone[r].progress, -r))
+        best = most_advanced([e.progress for e in everyone])
         chosen = everyone[best]
         if chosen.progress >= 0 and self.preloaded != (best, chosen.progress):
             self._load_from(best, snap)

@@ -32,8 +32,7 @@ had applied> beyond_commit=<the updates that state holds beyond the new rank 0's
 reset: the report's seconds from this rank's last step to the reset's start> step_to_reset_end=<per reset: seconds
 from this rank's last opt.step() to the reset's end, measured here> entry_is_commit=<per reset: 1 if the weights
 train() starts again with, before any step, are those of this rank's last state.commit(), else 0>``, and rank 0 the
-plugin's report
-(HVD_ELASTIC_REPORT is on).
+plugin's report (HVD_ELASTIC_REPORT is on).
 """
 import argparse
 import os
@@ -164,7 +163,7 @@ def hold():
 
 @hvd.elastic.run
 def train(state):
-    if committed["digest"] is not None or entry_is_commit:     # not the job's start: after a reset
+    if committed["digest"] is not None:     # not the job's start (nor a joiner's): after a reset
         entry_is_commit.append(int(weights_digest() == committed["digest"]))
     hold()
     for step in batches():

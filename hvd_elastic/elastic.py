@@ -22,15 +22,13 @@ is sized for one rank set, so around that reset:
   runs, the ranks agree on the driver's announcements through the ticks instead (each rank's latest in its row of
   the tick table, engine/table.py HOSTS), and each raises HostsUpdatedInterrupt at its first commit after the tick
   that carries a change, always with Horovod's sync after the reset (:func:`check_host_updates`);
-- right after Horovod's sync (PyTorch: TorchState.sync; :func:`resume_early`), every rank takes the snapshot of
-  the survivor that applied the most updates (its weights and optimizer state broadcast to every rank), or keeps
+- right after Horovod's sync (TorchState.sync, KerasState.sync; :func:`resume_early`), every rank takes the snapshot
+  of the survivor that applied the most updates (its weights and optimizer state broadcast to every rank), or keeps
   the state Horovod synced where no survivor has one, so the script's first step after the reset computes its
-  gradient on the weights it is applied to;
+  gradient on the weights it is applied to (a worker that joins makes its ElasticRun there: PyTorch with its
+  DistributedOptimizer, TensorFlow at the sync, from the model's trained variables);
 - a new engine is built at that first step (collective: every rank, new ones included, is there), for the new
-  ranks, from that state. The TensorFlow frontends load the snapshot here instead (their replica is made with the
-  engine, so a joiner has none at the sync): Keras fit starts its engine before its first batch, a custom loop at
-  its first apply, whose gradient was computed on the state Horovod synced. The engine's clocks, gates, barriers
-  and tick table start afresh over the new ranks.
+  ranks, from that state. The engine's clocks, gates, barriers and tick table start afresh over the new ranks.
 
 So a reset loses at most the updates in flight when it happened, not the steps since the last commit. The rest of
 what the script's state holds (buffers, the script's own counters such as ``state.batch``) comes back from the

@@ -99,8 +99,8 @@ CHURN = ["--host-names", "localhost,127.0.0.1", "--steps", 60, "--kill-at", 15, 
          "--remove-at", 30, "--wait", "30:1", "--add-at", 40, "--wait", "40:2"]
 SIZES = ["2", "1", "2", "1", "2"]
 # test name -> policy settings and worker arguments: bsp (Horovod's own optimizer) and every tick policy. zipline
-# commits every 10 steps: killed at step 15, the job must resume from the survivor's replica (14 steps of both
-# ranks at least), not from the commit at step 10.
+# and the TensorFlow custom loop commit every 10 steps: killed at step 15, the job must resume from the survivor's
+# replica (14 steps of both ranks at least), not from the commit at step 10.
 JOBS = {
     "test_bsp_survives_a_killed_a_removed_and_two_added_workers": ({"HVD_ELASTIC_POLICY": "bsp"}, []),
     "test_asp_survives_a_killed_a_removed_and_two_added_workers": ({"HVD_ELASTIC_POLICY": "asp"}, []),
@@ -120,7 +120,7 @@ JOBS = {
     "test_keras_fit_under_lbbsp_survives_and_takes_every_sample_of_each_epoch_once": (
         {"HVD_ELASTIC_POLICY": "lbbsp", "HVD_ELASTIC_GLOBAL_BATCH": "32"}, ["--steps-per-epoch", 20]),
     "test_a_tensorflow_custom_loop_under_auto_survives_and_resumes_from_a_survivors_replica": (
-        {"HVD_ELASTIC_POLICY": "auto"}, ["--custom-loop"]),
+        {"HVD_ELASTIC_POLICY": "auto"}, ["--custom-loop", "--commit-every", 10]),
 }
 KERAS = ("elastic_keras.py", "--hosts-file", "{hosts}", "--np", "{np}")   # the Keras worker, for the jobs named keras
 PARALLEL = 2   # two side by side: each mostly waits for Horovod's driver between a worker's start-ups
@@ -170,7 +170,7 @@ def _resumed(res):
 
 
 def _restarted_on_the_replica(res):
-    """PyTorch: at the kill (the first reset), where the survivor's replica holds updates beyond rank 0's last
+    """PyTorch and a TensorFlow custom loop: at the kill (the first reset), where the survivor's replica holds updates beyond rank 0's last
     commit, train() starts again on that replica, before its first step computes a gradient -- not on the commit
     Horovod restored."""
     if _per_reset(res, "beyond_commit")[0] > 0:
@@ -253,11 +253,13 @@ def test_keras_fit_under_lbbsp_survives_and_takes_every_sample_of_each_epoch_onc
 def test_a_tensorflow_custom_loop_under_auto_survives_and_resumes_from_a_survivors_replica(elastic_jobs):
     """A TensorFlow custom loop (hvd_elastic.tensorflow's optimizer, apply_gradients eagerly, KerasState and run of
     hvd_elastic.keras.elastic) under auto (wbsp with overlap and the lock-step fallback), training on during a wait:
-    the same four changes and checks as the Keras fit jobs."""
+    the same four changes and checks as the Keras fit jobs; a commit every 10 steps, and after the kill train_loop()
+    starts again on the survivor's replica, not on the commit."""
     res, _ = _survived(elastic_jobs, "test_a_tensorflow_custom_loop_under_auto_survives_and_resumes_from_a_survivors_"
                                      "replica")
     resumed = _resumed(res)
     assert len(resumed) == 4 and all(r > 0 for r in resumed), resumed
+    _restarted_on_the_replica(res)
 
 
 def test_a_global_steps_budget_under_a_lockstep_policy_in_elastic_keras_is_refused_with_one_line_per_rank(tmp_path):

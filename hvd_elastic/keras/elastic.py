@@ -32,7 +32,8 @@ before the first fit; the state keeps its batch plan)::
 - Under a tick policy a reset goes through hvd_elastic/elastic.py: the engine stops before Horovod shuts down
   (:func:`run`'s reset), the most advanced replica is kept before the commit comes back (:meth:`KerasState.restore`),
   a commit is local and the ranks agree on a change of the rank set through the ticks
-  (:meth:`KerasState.check_host_updates`), and the next fit's engine starts from the best survivor's replica.
+  (:meth:`KerasState.check_host_updates`), and right after the state's sync every rank takes the best survivor's
+  replica (:meth:`KerasState.sync`), from which the next fit's (or apply's) engine starts.
 """
 from __future__ import annotations
 
@@ -119,6 +120,10 @@ class KerasState(ObjectState):
             self._saved_plan = root
             plan.load_state_dict(root)
         super().sync()
+        # a tick policy: every rank moves to the most advanced survivor's replica before its first step computes
+        wrapped = state_of(self.optimizer)
+        if wrapped is not None and wrapped.elastic_for_sync(self.model.trainable_variables) is not None:
+            _elastic.resume_early()
 
 
 def _horovod_op_failed(error: tf.errors.OpError) -> bool:

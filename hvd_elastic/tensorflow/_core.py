@@ -186,6 +186,20 @@ class ElasticState:
         self.started = True
         self.session.last_step_end = time.perf_counter()
 
+    def elastic_for_sync(self, trainable_variables):
+        """Elastic Horovod under a tick policy, at the state's sync (hvd_elastic.keras.elastic.KerasState.sync): this
+        optimizer's ElasticRun, made now if it has none yet (a worker that joins, or the job's start) with the flat
+        layout of `trainable_variables` (the model's, in the order every rank has), so that every rank takes part
+        in the move to the most advanced survivor's replica before its first step. None under other policies."""
+        if not (self.session.cfg.spec.ticks and horovod_env.horovod_elastic()):
+            return None
+        if self.elastic is None:
+            from .elastic import elastic_run
+            if self.flat is None:
+                self._build_flat(list(trainable_variables))
+            self.elastic = elastic_run(self)
+        return self.elastic
+
     def _follow_lbbsp_resets(self):
         """lbbsp under elastic Horovod: the controller for the ranks of the moment (hvd_elastic.elastic)."""
         if self.lbbsp_resets is None:

@@ -12,8 +12,8 @@ tests/workers/elastic_torch.py (--kill-at: the worker on --kill-host SIGKILLs it
 0 rewrites the discovery file; --wait STEP:SIZE: at that global batch every rank commits until the job has SIZE ranks),
 counted in global batches (epoch x --steps-per-epoch + batch).
 
-Prints, per rank at the end, the line of tests/workers/elastic_torch.py (batch: global batches done), and rank 0 the
-plugin's report.
+Prints, per rank at the end, the line of tests/workers/elastic_torch.py (batch: global batches done; entry_is_commit:
+the custom loop's, '-' under fit), and rank 0 the plugin's report.
 """
 import argparse
 import os
@@ -166,6 +166,22 @@ class Events(keras.callbacks.Callback):
         hold(done)
 
 
+def weights_digest() -> int:
+    weights = np.concatenate([np.asarray(v.numpy()).ravel() for v in model.trainable_variables])
+    return zlib.crc32(np.ascontiguousarray(weights).tobytes())
+
+
+# the custom loop: the digest of the weights at this rank's last commit, and per train_loop() entry after a reset
+# whether the weights it starts with are those (as tests/workers/elastic_torch.py)
+committed = {"digest": None}
+entry_is_commit = []
+
+
+def commit():
+    committed["digest"] = weights_digest()    # before commit(): it saves, then may raise HostsUpdatedInterrupt
+    state.commit()
+
+
 def hold(done, step=None):
     """A wait at global batch `done` (bsp, lbbsp, the custom loop): every rank commits until the job has the wait's
     size, training on with `step` (steps not counted) where one is given. Called after each batch and when training
@@ -174,7 +190,7 @@ def hold(done, step=None):
         if step is not None:
             step()
         time.sleep(0.2)
-        state.commit()      # raises HostsUpdatedInterrupt once the driver has changed the rank set
+        commit()      # raises HostsUpdatedInterrupt once the driver has changed the rank set
 
 
 sync = hvdk.SyncCallback(global_steps=args.budget)
@@ -214,6 +230,8 @@ def loop_step(i):
 
 @hvdk.elastic.run
 def train_loop(state):
+    if committed["digest"] is not None:     # not the job's start (nor a joiner's): after a reset
+        entry_is_commit.append(int(weights_digest() == committed["digest"]))
     hold(state.batch, lambda: loop_step(1000 + state.batch))
     while state.batch < args.steps:
         loop_step(state.batch)
@@ -221,7 +239,7 @@ def train_loop(state):
         events(state.batch)
         time.sleep(args.step_sleep)
         if state.batch % args.commit_every == 0:
-            state.commit()
+            commit()
         hold(state.batch, lambda: loop_step(1000 + state.batch))
 
 
@@ -231,8 +249,7 @@ if args.custom_loop:
 else:
     train(state)
     report = sync.report
-weights = np.concatenate([np.asarray(v.numpy()).ravel() for v in model.trainable_variables])
-digest = zlib.crc32(np.ascontiguousarray(weights).tobytes())
+digest = weights_digest()
 counters = [r["counters"] for r in report["ranks"]]
 mine = counters[hvd.rank()]
 
@@ -248,5 +265,6 @@ print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.epoch * args.st
       f"pushed={sum(c.get('pushed', 0) for c in counters)} applied={mine.get('applied_contributions', 0)} "
       f"resets={mine.get('elastic_resets', 0)} resumed={per_reset('elastic_resumed_from_updates')} "
       f"lost={per_reset('elastic_lost_updates')} in_flight={per_reset('elastic_in_flight_updates')} "
-      f"beyond_commit={per_reset('elastic_beyond_commit_updates')}"
+      f"beyond_commit={per_reset('elastic_beyond_commit_updates')} "
+      f"entry_is_commit={','.join(map(str, entry_is_commit)) or '-'}"
       f"{f' audit_off={int((np.abs(audit.seen.numpy() - epochs) > 1e-3).sum())}' if LBBSP else ''}", flush=True)

@@ -2,15 +2,16 @@
 (a worker removed then one added back, or a worker SIGKILLed and replaced), tests/workers/elastic_torch.py, a
 Horovod elastic script (TorchState, ``@hvd.elastic.run``, ``state.commit()`` every step) with the optimizer swapped.
 
-- bsp (Horovod's own optimizer, instrumented) and the tick policies (asp, ssp, dssp, zipline, wbsp; PyTorch): the
+- bsp (Horovod's own optimizer, instrumented) and the tick policies (asp, ssp, dssp, zipline, wbsp, auto; PyTorch): the
   job recovers from each change, every final rank ends at the same step with identical weights, the final ranks'
   pushes since the last reset are all applied, exactly once, on every rank, and the plugin's report comes from the
   final rank 0 (its watchdog is off: the elastic driver owns lost ranks).
 - lbbsp (PyTorch, LbbspSampler in the TorchState): the same, and every sample of the epoch is in the final weights
   exactly once over the changes (the worker's audit).
-- Keras 3 model.fit (tests/workers/elastic_keras.py, hvd_elastic.keras.elastic) under bsp and two tick policies (ssp,
-  wbsp with overlap): the same checks as their PyTorch jobs.
-- a TensorFlow custom loop (hvd_elastic.tensorflow, the same worker with --custom-loop) under auto: the same.
+- Keras 3 model.fit (tests/workers/elastic_keras.py, hvd_elastic.keras.elastic) under bsp and every tick policy (asp,
+  ssp, dssp, zipline, auto, wbsp with overlap): the same checks as their PyTorch jobs.
+- a TensorFlow custom loop (hvd_elastic.tensorflow, the same worker with --custom-loop) under auto: the same, and
+  after the kill it restarts on the survivor's replica, not on the commit.
 - Keras 3 model.fit under lbbsp (hvd_elastic.keras.lbbsp_dataset, its batch plan in the KerasState): the same, with
   the worker's audit over each epoch.
 - SyncCallback(global_steps=...) under bsp in an elastic Keras job, and under lbbsp a dataset made again after a
@@ -108,13 +109,14 @@ JOBS = {
     "test_dssp_survives_a_killed_a_removed_and_two_added_workers": ({"HVD_ELASTIC_POLICY": "dssp"}, []),
     "test_wbsp_with_overlap_survives_a_killed_a_removed_and_two_added_workers": (
         {"HVD_ELASTIC_POLICY": "wbsp", "HVD_ELASTIC_WBSP_OVERLAP": "1"}, []),
+    "test_auto_survives_a_killed_a_removed_and_two_added_workers": ({"HVD_ELASTIC_POLICY": "auto"}, []),
     "test_zipline_resumes_from_the_survivors_replica_not_the_last_commit": (
         {"HVD_ELASTIC_POLICY": "zipline"}, ["--commit-every", 10]),
     "test_lbbsp_survives_and_takes_every_sample_of_the_epoch_once": ({"HVD_ELASTIC_POLICY": "lbbsp"}, []),
     "test_keras_fit_under_bsp_survives_a_killed_a_removed_and_two_added_workers": (
         {"HVD_ELASTIC_POLICY": "bsp"}, ["--steps-per-epoch", 20]),
-    "test_keras_fit_under_ssp_survives_and_resumes_from_a_survivors_replica": (
-        {"HVD_ELASTIC_POLICY": "ssp"}, ["--steps-per-epoch", 20]),
+    **{f"test_keras_fit_under_{p}_survives_and_resumes_from_a_survivors_replica": (
+        {"HVD_ELASTIC_POLICY": p}, ["--steps-per-epoch", 20]) for p in ("asp", "ssp", "dssp", "zipline", "auto")},
     "test_keras_fit_under_wbsp_with_overlap_survives_and_resumes_from_a_survivors_replica": (
         {"HVD_ELASTIC_POLICY": "wbsp", "HVD_ELASTIC_WBSP_OVERLAP": "1"}, ["--steps-per-epoch", 20]),
     "test_keras_fit_under_lbbsp_survives_and_takes_every_sample_of_each_epoch_once": (
@@ -170,9 +172,9 @@ def _resumed(res):
 
 
 def _restarted_on_the_replica(res):
-    """PyTorch and a TensorFlow custom loop: at the kill (the first reset), where the survivor's replica holds updates beyond rank 0's last
-    commit, train() starts again on that replica, before its first step computes a gradient -- not on the commit
-    Horovod restored."""
+    """PyTorch and a TensorFlow custom loop: at the kill (the first reset), where the survivor's replica holds updates
+    beyond rank 0's last commit, the elastic function starts again on that replica, before its first step computes a
+    gradient -- not on the commit Horovod restored."""
     if _per_reset(res, "beyond_commit")[0] > 0:
         assert _per_reset(res, "entry_is_commit")[0] == 0, res.lines_with("ELASTIC rank=0 ")
 

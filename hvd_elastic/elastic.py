@@ -20,13 +20,17 @@ is sized for one rank set, so around that reset:
 - ``state.commit()`` is local: Horovod's ``check_host_updates`` broadcasts rank 0's view of the rank set at every
   commit, a barrier that would hold every rank to the same number of commits, and so of steps; while a tick engine
   runs, the ranks agree on the driver's announcements through the ticks instead (each rank's latest in its row of
-  the tick table, engine/table.py HOSTS), and each raises HostsUpdatedInterrupt at its first commit after the tick
-  that carries a change, always with Horovod's sync after the reset (:func:`check_host_updates`);
-- right after Horovod's sync (TorchState.sync, KerasState.sync; :func:`resume_early`), every rank takes the snapshot
-  of the survivor that applied the most updates (its weights and optimizer state broadcast to every rank), or keeps
-  the state Horovod synced where no survivor has one, so the script's first step after the reset computes its
-  gradient on the weights it is applied to (a worker that joins makes its ElasticRun there: PyTorch with its
-  DistributedOptimizer, TensorFlow at the sync, from the model's trained variables);
+  the tick table, engine/table.py HOSTS): every rank's tick thread stops after the tick that carries a change (the
+  same tick on every rank, so that no rank waits in a later tick -- for Gloo's timeout -- on a rank that has gone
+  to the reset), and each raises HostsUpdatedInterrupt at its first commit after it, or at its first call that
+  needs a tick before that commit (engine/loop.py RankSetChanged), always with Horovod's sync after the reset
+  (:func:`check_host_updates`);
+- right after Horovod's sync (TorchState.sync: :func:`resume_early`; KerasState.sync: its optimizer's
+  :meth:`ElasticRun.resume_early`), every rank takes the snapshot of the survivor that applied the most updates (its
+  weights and optimizer state broadcast to every rank), or keeps the state Horovod synced where no survivor has one,
+  so the script's first step after the reset computes its gradient on the weights it is applied to (a worker that
+  joins makes its ElasticRun there: PyTorch with its DistributedOptimizer, TensorFlow at the sync, from the model's
+  trained variables);
 - a new engine is built at that first step (collective: every rank, new ones included, is there), for the new
   ranks, from that state. The engine's clocks, gates, barriers and tick table start afresh over the new ranks.
 
@@ -41,6 +45,7 @@ from typing import Any, List, NamedTuple, Optional
 
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
+from .engine.loop import RankSetChanged
 from .engine.ticker import TickerError
 from .lbbsp import LbbspController
 
@@ -141,7 +146,10 @@ class ElasticRun:
 
     @staticmethod
     def failed(error: TickerError) -> BaseException:
-        """A step met the tick thread's failure: the error Horovod's elastic loop expects."""
+        """A step met the tick thread's end: the error Horovod's elastic loop expects -- HostsUpdatedInterrupt where
+        the ticks stopped at a change of the rank set the ranks agreed on, HorovodInternalError where they failed."""
+        if isinstance(error, RankSetChanged):
+            return HostsUpdatedInterrupt(False)
         cause = error.__cause__ if error.__cause__ is not None else error
         return HorovodInternalError(f"hvd_elastic: the ticks failed: {cause}")
 
@@ -176,6 +184,7 @@ class ElasticRun:
                         snap.account() if snap is not None else None, self.committed, self.base)
         everyone = [Standing(*e) for e in self.replica.allgather(tuple(mine), "hvd_elastic.elastic.start")]
         self.baseline_s = max(e.handled_s for e in everyone)
+        self.session.rank_set_baseline = self.baseline_s   # the new engine's ticks stop at a later change
         best = most_advanced([e.progress for e in everyone])
         chosen = everyone[best]
         if chosen.progress >= 0 and self.preloaded != (best, chosen.progress):
@@ -244,6 +253,9 @@ class ElasticRun:
         if not self.ticking():
             return None
         engine = self.session.engine
+        # every change announced so far is handled by this reset (also one the ticks stopped at before this rank's
+        # commit raised for it), so that the next engine's ticks stop only at a later one
+        self.handled_s = max(self.handled_s, engine.ticker.handoff.hosts_announced() // 4)
         self._reset_at = time.perf_counter()
         self.before_reset.append(since_last_step(self.session, self._reset_at))
         # HostsUpdatedInterrupt: nothing was restored, so the replica as it stands is kept (with the ticks completed

@@ -30,6 +30,9 @@ class Session:
         self.last_step_end = time.perf_counter()
         self._last_compute: Optional[float] = None
         self.engine: Optional[SyncEngine] = None   # under the relaxed policies (start_engine)
+        # elastic Horovod: the latest change of the rank set the ranks had reset for, agreed at the engine's start
+        # (hvd_elastic/elastic.py); the engine's ticks stop after one that announces a later change
+        self.rank_set_baseline: Optional[int] = None
         self.lbbsp: Optional[LbbspController] = (LbbspController(cfg, rank, size, self.telemetry)
                                                  if cfg.spec.balances_batches else None)
         self.report: Optional[Dict[str, Any]] = None
@@ -52,7 +55,8 @@ class Session:
         """Build this session's sync engine for the configured relaxed policy (collective: every rank, the same
         frontend shape and tick name)."""
         policy = make_policy(self.cfg, self.rank, self.size)
-        self.engine = SyncEngine(policy, self.rank, self.size, frontend, self.telemetry, self.cfg)
+        self.engine = SyncEngine(policy, self.rank, self.size, frontend, self.telemetry, self.cfg,
+                                 rank_set_baseline=self.rank_set_baseline)
         return self.engine
 
     def begin_step(self, samples: int = 0) -> float:

@@ -36,6 +36,7 @@ from ..telemetry import Telemetry
 from .policies import Download, Gate, Policy
 from .staleness import Staleness, compensation_weight
 from .table import CLOCK, Tick
+from .loop import RankSetChanged
 from .ticker import Ticker
 from .view import GlobalView
 
@@ -80,7 +81,8 @@ class SyncEngine:
 
     DIGEST_WORDS = 1 << 20   # weights hashed per barrier for the replica check (barrier_digest)
 
-    def __init__(self, policy: Policy, rank: int, size: int, frontend: Frontend, telemetry: Telemetry, cfg):
+    def __init__(self, policy: Policy, rank: int, size: int, frontend: Frontend, telemetry: Telemetry, cfg,
+                 rank_set_baseline: Optional[int] = None):
         self.policy, self.rank, self.size, self.telemetry = policy, rank, size, telemetry
         if cfg.keep_heap:
             _heap.keep_freed_memory()
@@ -102,7 +104,8 @@ class SyncEngine:
                              epoch_ns=frontend.epoch_ns, name=frontend.tick_name, hold_fraction=cfg.peer_wait,
                              stream=frontend.stream and not self.updates.local_step, pacing=cfg.tick_pacing,
                              relaxed_joins=policy.relaxed_joins,
-                             lockstep=policy.lockstep.new_rule() if policy.lockstep is not None else None)
+                             lockstep=policy.lockstep.new_rule() if policy.lockstep is not None else None,
+                             rank_set_baseline=rank_set_baseline)
 
     # ---- per step ----------------------------------------------------------------------------------------------
     def step(self, accumulate: Optional[Callable[[Any, float], None]], compute_s: float, pushed: bool = False):
@@ -357,10 +360,14 @@ class SyncEngine:
 
     def abandon(self, drain: bool = False):
         """The rank set is about to change (elastic Horovod re-forms the job): stop the ticks at once, without a
-        collective; drain: apply the ticks completed so far first. Pushes not in a completed tick are dropped -- on
-        every rank alike: every rank's engine stops, and the next starts from one state broadcast to all."""
-        if drain and not self.ticker.stopped:
-            self._pull(block=False, until_open=False)
+        collective; drain: apply the ticks completed so far first (also where the ticks stopped at a change of the
+        rank set: those completed on every rank). Pushes not in a completed tick are dropped -- on every rank alike:
+        every rank's engine stops, and the next starts from one state broadcast to all."""
+        if drain and (not self.ticker.stopped or self.ticker.stopped_for_rank_set):
+            try:
+                self._pull(block=False, until_open=False)
+            except RankSetChanged:    # every tick completed before the stop is applied
+                pass
         self.abandoned = True
         self.ticker.abandon()
 

@@ -28,6 +28,12 @@ class TickerError(HvdElasticError):
     """The tick thread failed (e.g. Horovod shut down because a peer died); raised on the training thread."""
 
 
+class RankSetChanged(TickerError):
+    """Elastic Horovod: a tick's table announced a change of the rank set, and every rank's tick thread stopped
+    after that tick (the same one on every rank, so that none waits in a later tick for a rank that has reset).
+    Raised on the training thread once it has taken the ticks completed before it."""
+
+
 class Handoff:
     """What the two threads share, under one lock (`lock`, which the ticker's parts share too): the completed ticks
     on their way to the training thread and the last table, the tick token, the wake-ups, and how the tick thread
@@ -51,6 +57,9 @@ class Handoff:
         self.inline_due = False        # a push the training thread is to send itself (push(inline=True))
         self.stopped = False
         self.error: Optional[BaseException] = None
+        # elastic Horovod: the latest change of the rank set (timestamp, s) the ranks had reset for when this engine
+        # started; the first tick whose table announces a later one is the last (RankSetChanged). None: never
+        self.rank_set_baseline: Optional[int] = None
 
     def wake_thread(self):
         """(Under the lock.) The tick thread skips its wait."""
@@ -77,8 +86,24 @@ class Handoff:
             return 0 if self.last_meta is None else int(self.last_meta[:, HOSTS].max())
 
     def check(self):
+        if isinstance(self.error, RankSetChanged):
+            raise self.error
         if self.error is not None:
             raise TickerError(f"tick thread failed: {self.error}") from self.error
+
+    def stop_for_rank_set(self, meta: np.ndarray) -> bool:
+        """(Under the lock; the thread that ran the tick.) The tick of table `meta` announced a change of the rank set
+        the ranks have not reset for: stop the ticks after it (every rank reads the same table) and say so."""
+        announced = int(meta[:, HOSTS].max()) // 4
+        if self.rank_set_baseline is None or announced <= self.rank_set_baseline:
+            return False
+        self.stopped = True
+        if self.error is None:
+            self.error = RankSetChanged(f"elastic Horovod: the ranks agreed on a change of the rank set (announced at "
+                                        f"{announced}); the ticks stopped after the tick that carried it")
+        self.lock.notify_all()
+        self.decide_again()
+        return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,6 +304,9 @@ class TickLoop:
                     send if total else None)
         if self._deliver(tick, total, full, join):
             return True
+        with self._lock:
+            if self.handoff.stop_for_rank_set(meta):
+                return True
         active = total or int(meta[:, PENDING].sum()) + int(meta[:, STREAM].sum())
         self.pacing.observe(meta, full, total, bool(active))
         self.index += 1

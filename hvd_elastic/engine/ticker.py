@@ -56,7 +56,7 @@ import time
 from typing import Any, Callable, List, Optional
 
 from .buffers import NumpyBuffers
-from .loop import Handoff, TickerError, TickLoop, TickParts
+from .loop import Handoff, RankSetChanged, TickerError, TickLoop, TickParts
 from .pacing import make_pacing
 from .pool import BufferPool
 from .row import OwnRow
@@ -78,16 +78,19 @@ class Ticker:
     it, and every rank's frontend says so; pacing: HVD_ELASTIC_TICK_PACING; relaxed_joins: when auto pacing joins ticks
     while the ranks go relaxed (pacing.RELAXED_JOINS: under a straggler too, only while every rank is a peer of
     every other, or never); they are joined while `lockstep`, a fresh lock-step rule of the policy's
-    (policies/base.py Lockstep), fed the same tables, says the ranks go in lock-step."""
+    (policies/base.py Lockstep), fed the same tables, says the ranks go in lock-step. rank_set_baseline (elastic
+    Horovod): the ticks stop after the first one that announces a later change of the rank set (loop.RankSetChanged)."""
 
     def __init__(self, numel: int, buffers, rank: int, size: int,
                  allreduce_sum: Callable[[list, str, bool], None], *, tick_s: float, pacing: str,
                  hold_fraction: float, max_idle_s: float = 0.01, epoch_ns: int = 0, name: str = "hvd_elastic.tick",
-                 stream: bool = False, relaxed_joins: str = "always", lockstep=None):
+                 stream: bool = False, relaxed_joins: str = "always", lockstep=None,
+                 rank_set_baseline: Optional[int] = None):
         if not hasattr(buffers, "zeros"):          # a dtype: numpy buffers
             buffers = NumpyBuffers(buffers)
         self.numel, self.buffers, self.rank, self.size, self.name = numel, buffers, rank, size, name
         self.handoff = Handoff()
+        self.handoff.rank_set_baseline = rank_set_baseline   # before the tick thread starts: the same tick everywhere
         self._lock = self.handoff.lock
         self.row = OwnRow(rank, size, epoch_ns)
         self.wire = Wire(buffers, numel, size, allreduce_sum, name)
@@ -247,7 +250,8 @@ class Ticker:
                     if left is not None and left <= 0:
                         break
                     self._lock.wait(left)
-            h.check()
+            if not (h.completed and isinstance(h.error, RankSetChanged)):   # those ticks completed on every rank
+                h.check()
             out = list(h.completed)
             h.completed.clear()
             h.taken += len(out)
@@ -293,6 +297,11 @@ class Ticker:
         wakes no thread: when to tick is decided from the tables alike on every rank.)"""
         with self._lock:
             self.row.hosts = max(self.row.hosts, hosts)
+
+    @property
+    def stopped_for_rank_set(self) -> bool:
+        """The ticks stopped after a tick that announced a change of the rank set (RankSetChanged)."""
+        return isinstance(self.handoff.error, RankSetChanged)
 
     def abandon(self):
         """Stop the tick thread without a collective (elastic Horovod is about to shut down: the rank set changes).

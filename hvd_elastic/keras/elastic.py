@@ -120,10 +120,12 @@ class KerasState(ObjectState):
             self._saved_plan = root
             plan.load_state_dict(root)
         super().sync()
-        # a tick policy: every rank moves to the most advanced survivor's replica before its first step computes
+        # a tick policy: every rank moves to the most advanced survivor's replica before its first step computes (this
+        # state's optimizer: every rank has its ElasticRun now; another optimizer's loads at its engine's start)
         wrapped = state_of(self.optimizer)
-        if wrapped is not None and wrapped.elastic_for_sync(self.model.trainable_variables) is not None:
-            _elastic.resume_early()
+        run = wrapped.elastic_for_sync(self.model.trainable_variables) if wrapped is not None else None
+        if run is not None:
+            run.resume_early()
 
 
 def _horovod_op_failed(error: tf.errors.OpError) -> bool:

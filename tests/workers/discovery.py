@@ -19,3 +19,22 @@ def is_kill_host(host_names: str, kill_host: str = "") -> bool:
     when no list is given."""
     names = [h for h in host_names.split(",") if h] or ["127.0.0.1"]
     return os.environ.get("HOROVOD_HOSTNAME") == (kill_host or names[-1])
+
+
+class Commits:
+    """The weights' digest (`digest()`) at this rank's last commit, and per entry of the elastic function after a
+    reset whether the weights it starts with are those (``entry_is_commit``: 1 or 0)."""
+
+    def __init__(self, state, digest):
+        self.state, self.digest = state, digest
+        self.last = None
+        self.entry_is_commit = []
+
+    def commit(self):
+        self.last = self.digest()    # before commit(): it saves, then may raise HostsUpdatedInterrupt
+        self.state.commit()
+
+    def entered(self):
+        """At the elastic function's entry: after a reset (not the job's start, nor a joiner's), compare."""
+        if self.last is not None:
+            self.entry_is_commit.append(int(self.digest() == self.last))

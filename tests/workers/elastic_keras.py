@@ -171,15 +171,10 @@ def weights_digest() -> int:
     return zlib.crc32(np.ascontiguousarray(weights).tobytes())
 
 
-# the custom loop: the digest of the weights at this rank's last commit, and per train_loop() entry after a reset
-# whether the weights it starts with are those (as tests/workers/elastic_torch.py)
-committed = {"digest": None}
-entry_is_commit = []
-
-
-def commit():
-    committed["digest"] = weights_digest()    # before commit(): it saves, then may raise HostsUpdatedInterrupt
-    state.commit()
+# the custom loop: the weights at this rank's last commit, and per train_loop() entry after a reset whether it starts
+# with them
+commits = discovery.Commits(state, weights_digest)
+commit = commits.commit
 
 
 def hold(done, step=None):
@@ -230,8 +225,7 @@ def loop_step(i):
 
 @hvdk.elastic.run
 def train_loop(state):
-    if committed["digest"] is not None:     # not the job's start (nor a joiner's): after a reset
-        entry_is_commit.append(int(weights_digest() == committed["digest"]))
+    commits.entered()
     hold(state.batch, lambda: loop_step(1000 + state.batch))
     while state.batch < args.steps:
         loop_step(state.batch)
@@ -266,5 +260,5 @@ print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.epoch * args.st
       f"resets={mine.get('elastic_resets', 0)} resumed={per_reset('elastic_resumed_from_updates')} "
       f"lost={per_reset('elastic_lost_updates')} in_flight={per_reset('elastic_in_flight_updates')} "
       f"beyond_commit={per_reset('elastic_beyond_commit_updates')} "
-      f"entry_is_commit={','.join(map(str, entry_is_commit)) or '-'}"
+      f"entry_is_commit={','.join(map(str, commits.entry_is_commit)) or '-'}"
       f"{f' audit_off={int((np.abs(audit.seen.numpy() - epochs) > 1e-3).sum())}' if LBBSP else ''}", flush=True)

@@ -99,15 +99,9 @@ def weights_digest() -> int:
     return zlib.crc32(np.ascontiguousarray(weights).tobytes())
 
 
-# the digest of the weights at this rank's last commit, and per train() entry after the first (a reset) whether the
-# weights it starts with are those
-committed = {"digest": None}
-entry_is_commit = []
-
-
-def commit():
-    committed["digest"] = weights_digest()    # before commit(): it saves, then may raise HostsUpdatedInterrupt
-    state.commit()
+# the weights at this rank's last commit, and per train() entry after a reset whether it starts with them
+commits = discovery.Commits(state, weights_digest)
+commit = commits.commit
 
 
 def listed(values) -> str:
@@ -163,8 +157,7 @@ def hold():
 
 @hvd.elastic.run
 def train(state):
-    if committed["digest"] is not None:     # not the job's start (nor a joiner's): after a reset
-        entry_is_commit.append(int(weights_digest() == committed["digest"]))
+    commits.entered()
     hold()
     for step in batches():
         step()
@@ -203,5 +196,6 @@ print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.batch} global={
       f"in_flight={listed(mine.get('elastic_in_flight_updates', []))} "
       f"beyond_commit={listed(mine.get('elastic_beyond_commit_updates', []))} "
       f"before_reset={listed(mine.get('elastic_before_reset_s', []))} "
-      f"step_to_reset_end={listed(round(g, 3) for g in stepped['gaps'])} entry_is_commit={listed(entry_is_commit)}"
+      f"step_to_reset_end={listed(round(g, 3) for g in stepped['gaps'])} "
+      f"entry_is_commit={listed(commits.entry_is_commit)}"
       f"{audit}", flush=True)

@@ -33,10 +33,10 @@ from .. import heap as _heap
 from .. import watchdog as _watchdog
 from ..errors import HvdElasticError
 from ..telemetry import Telemetry
+from .loop import RankSetChanged
 from .policies import Download, Gate, Policy
 from .staleness import Staleness, compensation_weight
 from .table import CLOCK, Tick
-from .loop import RankSetChanged
 from .ticker import Ticker
 from .view import GlobalView
 

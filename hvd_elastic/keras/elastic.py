@@ -123,7 +123,7 @@ class KerasState(ObjectState):
         # a tick policy: every rank moves to the most advanced survivor's replica before its first step computes (this
         # state's optimizer: every rank has its ElasticRun now; another optimizer's loads at its engine's start)
         wrapped = state_of(self.optimizer)
-        run = wrapped.elastic_for_sync(self.model.trainable_variables) if wrapped is not None else None
+        run = wrapped.ensure_elastic(self.model.trainable_variables) if wrapped is not None else None
         if run is not None:
             run.resume_early()
 

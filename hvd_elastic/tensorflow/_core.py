@@ -175,22 +175,19 @@ class ElasticState:
             if horovod_env.horovod_elastic():
                 self._follow_lbbsp_resets()
             self.session.lbbsp.bind(self.flat.numel, self.flat.dtype)
-        elif spec.ticks and horovod_env.horovod_elastic():
+        elif self.ensure_elastic(trainable_variables) is not None:
             # built now and again after each reset, for the ranks of the moment, from the most advanced replica
-            if self.elastic is None:
-                from .elastic import elastic_run
-                self.elastic = elastic_run(self)
             self.elastic.before_step()
         elif spec.ticks:
             self.start_engine()
         self.started = True
         self.session.last_step_end = time.perf_counter()
 
-    def elastic_for_sync(self, trainable_variables):
-        """Elastic Horovod under a tick policy, at the state's sync (hvd_elastic.keras.elastic.KerasState.sync): this
-        optimizer's ElasticRun, made now if it has none yet (a worker that joins, or the job's start) with the flat
-        layout of `trainable_variables` (the model's, in the order every rank has), so that every rank takes part
-        in the move to the most advanced survivor's replica before its first step. None under other policies."""
+    def ensure_elastic(self, trainable_variables):
+        """Elastic Horovod under a tick policy: this optimizer's ElasticRun, made at its first use -- the state's sync
+        (hvd_elastic.keras.elastic.KerasState.sync, where a worker that joins has none yet: the flat layout of
+        `trainable_variables`, the model's, in the order every rank has) or the first start. None under other
+        policies, or outside elastic Horovod."""
         if not (self.session.cfg.spec.ticks and horovod_env.horovod_elastic()):
             return None
         if self.elastic is None:

@@ -258,13 +258,10 @@ class ElasticRun:
         self.handled_s = max(self.handled_s, engine.ticker.handoff.hosts_announced() // 4)
         self._reset_at = time.perf_counter()
         self.before_reset.append(since_last_step(self.session, self._reset_at))
-        # HostsUpdatedInterrupt: nothing was restored, so the replica as it stands is kept (with the ticks completed
-        # so far applied, while the ticks still run: another rank may have reset first and stopped them). After a
-        # failure the replica was kept before Horovod's restore (keep_replica): _take_snapshot keeps that one.
-        try:
-            engine.abandon(drain=not engine.ticker.stopped)
-        except TickerError:   # the ticks stopped while it applied them: the replica as it stands
-            engine.abandon()
+        # HostsUpdatedInterrupt: nothing was restored, so the replica as it stands is kept, with the ticks completed
+        # so far applied (unless the ticks failed: the replica as it stands). After a failure the replica was kept
+        # before Horovod's restore (keep_replica): _take_snapshot keeps that one.
+        engine.abandon(drain=True)
         self._take_snapshot()
         return engine
 

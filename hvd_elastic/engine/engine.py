@@ -33,7 +33,7 @@ from .. import heap as _heap
 from .. import watchdog as _watchdog
 from ..errors import HvdElasticError
 from ..telemetry import Telemetry
-from .loop import RankSetChanged
+from .loop import TickerError
 from .policies import Download, Gate, Policy
 from .staleness import Staleness, compensation_weight
 from .table import CLOCK, Tick
@@ -360,13 +360,14 @@ class SyncEngine:
 
     def abandon(self, drain: bool = False):
         """The rank set is about to change (elastic Horovod re-forms the job): stop the ticks at once, without a
-        collective; drain: apply the ticks completed so far first (also where the ticks stopped at a change of the
-        rank set: those completed on every rank). Pushes not in a completed tick are dropped -- on every rank alike:
-        every rank's engine stops, and the next starts from one state broadcast to all."""
-        if drain and (not self.ticker.stopped or self.ticker.stopped_for_rank_set):
+        collective; drain: apply the ticks completed so far first, unless the ticks failed (where they stopped at a
+        change of the rank set, those completed before the stop, on every rank). Pushes not in a completed tick are
+        dropped -- on every rank alike: every rank's engine stops, and the next starts from one state broadcast to
+        all."""
+        if drain:
             try:
                 self._pull(block=False, until_open=False)
-            except RankSetChanged:    # every tick completed before the stop is applied
+            except TickerError:    # the ticks failed (nothing more applied), or every tick before the stop is applied
                 pass
         self.abandoned = True
         self.ticker.abandon()

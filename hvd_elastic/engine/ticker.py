@@ -298,11 +298,6 @@ class Ticker:
         with self._lock:
             self.row.hosts = max(self.row.hosts, hosts)
 
-    @property
-    def stopped_for_rank_set(self) -> bool:
-        """The ticks stopped after a tick that announced a change of the rank set (RankSetChanged)."""
-        return isinstance(self.handoff.error, RankSetChanged)
-
     def abandon(self):
         """Stop the tick thread without a collective (elastic Horovod is about to shut down: the rank set changes).
         A tick under way ends when Horovod's shutdown fails its collective; no tick starts after this."""

@@ -21,6 +21,11 @@ def is_kill_host(host_names: str, kill_host: str = "") -> bool:
     return os.environ.get("HOROVOD_HOSTNAME") == (kill_host or names[-1])
 
 
+def listed(values) -> str:
+    """Per-reset figures as the workers' ELASTIC lines print them: comma separated, '-' for none."""
+    return ",".join(map(str, values)) or "-"
+
+
 class Commits:
     """The weights' digest (`digest()`) at this rank's last commit, and per entry of the elastic function after a
     reset whether the weights it starts with are those (``entry_is_commit``: 1 or 0)."""

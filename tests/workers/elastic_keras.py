@@ -249,7 +249,7 @@ mine = counters[hvd.rank()]
 
 
 def per_reset(key):
-    return ",".join(map(str, mine.get(key, []))) or "-"
+    return discovery.listed(mine.get(key, []))
 
 
 # pushed: every final rank's pushes into the last engine (the one built after the last reset); applied: the updates
@@ -260,5 +260,5 @@ print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.epoch * args.st
       f"resets={mine.get('elastic_resets', 0)} resumed={per_reset('elastic_resumed_from_updates')} "
       f"lost={per_reset('elastic_lost_updates')} in_flight={per_reset('elastic_in_flight_updates')} "
       f"beyond_commit={per_reset('elastic_beyond_commit_updates')} "
-      f"entry_is_commit={','.join(map(str, commits.entry_is_commit)) or '-'}"
+      f"entry_is_commit={discovery.listed(commits.entry_is_commit)}"
       f"{f' audit_off={int((np.abs(audit.seen.numpy() - epochs) > 1e-3).sum())}' if LBBSP else ''}", flush=True)

@@ -47,6 +47,7 @@ import torch
 import hvd_elastic.torch as hvde
 
 import discovery
+from discovery import listed
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--hosts-file", required=True)
@@ -102,11 +103,6 @@ def weights_digest() -> int:
 # the weights at this rank's last commit, and per train() entry after a reset whether it starts with them
 commits = discovery.Commits(state, weights_digest)
 commit = commits.commit
-
-
-def listed(values) -> str:
-    """Per-reset figures as the ELASTIC line prints them: comma separated, '-' for none."""
-    return ",".join(map(str, values)) or "-"
 
 
 def write_hosts(slots):

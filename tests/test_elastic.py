@@ -74,6 +74,9 @@ def _finals(res, np, steps, policy="bsp"):
     reports = [line for line in out.splitlines() if f"hvd_elastic report: policy={policy}" in line]
     assert len(reports) == 1 and f"{np} ranks" in reports[0], out[-4000:]
     assert not [line for line in out.splitlines() if "hvd_elastic: error" in line], out[-4000:]
+    # Horovod's pattern of a reset callback that sets the learning rate for the ranks of the moment: every step of
+    # every rank trained at that rate (a survivor's replica brings its optimizer state, not its old learning rate)
+    assert {f["lr_off"] for f in finals} == {"0"}, finals
     for line in out.splitlines():
         if "ELASTIC rank=" in line or "elastic Horovod:" in line:
             print(line)

@@ -253,6 +253,7 @@ def test_elastic_recovers_across_hosts(elastic_jobs, policy):
     assert len({re.search(r"digest=(\d+)", f).group(1) for f in finals}) == 1, finals
     assert all("batch=60" in f for f in finals), finals
     assert all("sizes=3,2,3,2,3" in f for f in finals if "rank=0 " in f), finals
+    assert all(" lr_off=0" in f for f in finals), finals     # the reset callback's learning rate at every step
     kind = policy.split("-", 1)[-1]      # keras-wbsp: wbsp
     if kind == "lbbsp":
         assert all("audit_off=0" in f for f in finals), finals

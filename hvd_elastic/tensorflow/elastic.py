@@ -26,9 +26,15 @@ class TfReplica(Replica):
         return np.array(weights, copy=True), [np.array(v.numpy(), copy=True) for v in self.state.optimizer.variables]
 
     def load(self, weights, optimizer_state):
+        """The snapshot's weights and optimizer variables (slots, iterations); the learning rate (a variable of a
+        Keras 3 optimizer) stays as it is -- after a reset the script's reset callbacks and Horovod's sync have set
+        it for the new ranks, as under Horovod."""
         self.state.flat.set_weights(weights)
-        for v, value in zip(self.state.optimizer.variables, optimizer_state):
-            v.assign(value)
+        optimizer = self.state.optimizer
+        learning_rate = getattr(optimizer, "learning_rate", None)
+        for v, value in zip(optimizer.variables, optimizer_state):
+            if v is not learning_rate:
+                v.assign(value)
 
     def broadcast(self, root_rank):
         broadcast_variables(list(self.state.flat.variables) + list(self.state.optimizer.variables), root_rank,

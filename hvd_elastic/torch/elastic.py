@@ -36,8 +36,14 @@ class TorchReplica(Replica):
         return weights.clone(), copy.deepcopy(self.state.base.state_dict(self.optimizer))
 
     def load(self, weights, optimizer_state):
+        """The snapshot's weights and per-parameter optimizer state (momentum buffers, step counts); each param
+        group's hyperparameters (lr, momentum, ...) stay as they are -- after a reset the script's reset callbacks
+        and Horovod's sync have set them for the new ranks, as under Horovod."""
         self.state.flat.set_weights(weights)
+        kept = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(optimizer_state)
+        for group, hyperparameters in zip(self.optimizer.param_groups, kept):
+            group.update(hyperparameters)
 
     def broadcast(self, root_rank):
         self.state.flat.broadcast_weights(root_rank=root_rank)

@@ -101,6 +101,16 @@ else:
 if not args.custom_loop:
     model.compile(optimizer=opt, loss="mse")
 state = hvdk.elastic.KerasState(model, optimizer=opt, sizes=[])
+# Horovod's elastic pattern: the learning rate follows the number of ranks (a reset callback sets it); every step must
+# train at the rate of the ranks of the moment (counted: lr_off)
+lr_off = [0]
+if not LBBSP:
+    state.register_reset_callbacks([lambda: opt.learning_rate.assign(LR * hvd.size())])
+
+
+def check_lr():
+    if not LBBSP:
+        lr_off[0] += abs(float(opt.learning_rate.numpy()) - LR * hvd.size()) > 1e-6 * LR * hvd.size()
 # lbbsp: every rank makes the dataset (its batch plan) before the first fit; the KerasState keeps the plan's place
 data = hvdk.lbbsp_dataset(opt, (x, y), seed=0) if LBBSP and not args.dataset_inside else None
 
@@ -153,6 +163,9 @@ def events(done):
 
 class Events(keras.callbacks.Callback):
     """The rank-set changes, at known global batches (fit counts the batch before this callback, commits after)."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        check_lr()
 
     def on_train_batch_end(self, batch, logs=None):
         done = state.epoch * args.steps_per_epoch + state.batch
@@ -220,6 +233,7 @@ def gradients(xb, yb):
 def loop_step(i):
     xs, ys = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
     j = (16 * i) % (len(xs) - 16)
+    check_lr()
     opt.apply_gradients(zip(gradients(xs[j:j + 16], ys[j:j + 16]), model.trainable_variables))   # eagerly
 
 
@@ -260,5 +274,5 @@ print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.epoch * args.st
       f"resets={mine.get('elastic_resets', 0)} resumed={per_reset('elastic_resumed_from_updates')} "
       f"lost={per_reset('elastic_lost_updates')} in_flight={per_reset('elastic_in_flight_updates')} "
       f"beyond_commit={per_reset('elastic_beyond_commit_updates')} "
-      f"entry_is_commit={discovery.listed(commits.entry_is_commit)}"
+      f"entry_is_commit={discovery.listed(commits.entry_is_commit)} lr_off={lr_off[0]}"
       f"{f' audit_off={int((np.abs(audit.seen.numpy() - epochs) > 1e-3).sum())}' if LBBSP else ''}", flush=True)

@@ -91,8 +91,15 @@ else:
 
 
 # when this rank's last opt.step() returned, and per reset the time from it to the reset's end (a reset callback)
-stepped = {"at": time.perf_counter(), "gaps": []}
+stepped = {"at": time.perf_counter(), "gaps": [], "lr_off": 0}
 state.register_reset_callbacks([lambda: stepped["gaps"].append(time.perf_counter() - stepped["at"])])
+if not LBBSP:
+    # Horovod's elastic pattern: the learning rate follows the number of ranks (a reset callback sets it); every step
+    # must train at the rate of the ranks of the moment (counted: lr_off)
+    def scale_lr():
+        for group in opt.param_groups:
+            group["lr"] = 0.01 * hvd.size()
+    state.register_reset_callbacks([scale_lr])
 
 
 def weights_digest() -> int:
@@ -115,6 +122,7 @@ def train_step(seed):
     y = x.sum(1, keepdim=True)
     opt.zero_grad()
     torch.nn.functional.mse_loss(model(x), y).backward()
+    stepped["lr_off"] += any(abs(group["lr"] - 0.01 * hvd.size()) > 1e-12 for group in opt.param_groups)
     opt.step()
     stepped["at"] = time.perf_counter()
 
@@ -193,5 +201,5 @@ print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.batch} global={
       f"beyond_commit={listed(mine.get('elastic_beyond_commit_updates', []))} "
       f"before_reset={listed(mine.get('elastic_before_reset_s', []))} "
       f"step_to_reset_end={listed(round(g, 3) for g in stepped['gaps'])} "
-      f"entry_is_commit={listed(commits.entry_is_commit)}"
+      f"entry_is_commit={listed(commits.entry_is_commit)} lr_off={stepped['lr_off']}"
       f"{audit}", flush=True)

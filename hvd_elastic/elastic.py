@@ -71,6 +71,11 @@ class Replica:
         """Collective: the model and optimizer state of `root_rank` on every rank."""
         raise NotImplementedError
 
+    def synced_by(self, objects) -> bool:
+        """Whether Horovod's sync of a state holding `objects` (its models and optimizers) broadcasts this model and
+        optimizer state from rank 0."""
+        return False
+
 
 class Standing(NamedTuple):
     """What each rank tells the others at a new engine's start (ElasticRun._recover's allgather)."""
@@ -91,11 +96,13 @@ def most_advanced(progress: List[int]) -> int:
 class Snapshot:
     """A survivor's model at a reset: flat weights (gradient policies: the replica; wbsp: the global model W), the
     optimizer state and `progress`, the updates of all ranks applied into it; for the reset's accounting, the rank
-    it had, its own pushes and `clocks`, each rank's pushes in those updates."""
+    it had, its own pushes and `clocks`, each rank's pushes in those updates. `current`: the rank's model and
+    optimizer state are still the snapshot (taken at a reset without a restore, of the replica itself)."""
 
-    def __init__(self, weights, optimizer_state, progress: int, rank: int, pushed: int, clocks: List[int]):
+    def __init__(self, weights, optimizer_state, progress: int, rank: int, pushed: int, clocks: List[int],
+                 current: bool = False):
         self.weights, self.optimizer_state, self.progress = weights, optimizer_state, progress
-        self.rank, self.pushed, self.clocks = rank, pushed, clocks
+        self.rank, self.pushed, self.clocks, self.current = rank, pushed, clocks, current
 
     def account(self) -> tuple:
         """What the others need to count the reset's loss: (rank, own pushes, each rank's pushes in the model)."""
@@ -126,6 +133,7 @@ class ElasticRun:
         self.handled_s = 0         # the timestamp of the latest change this rank has reset for
         self.baseline_s = 0        # ... the latest any rank of this engine had reset for (agreed at its start)
         self.preloaded = None      # (rank, updates) of the survivor replica loaded at the state's sync (resume_early)
+        self.replica_loads = 0     # resets at which a survivor's replica was loaded and broadcast (_load_from)
         _LIVE.append(self)
 
     # ---- the training thread ---------------------------------------------------------------------------------
@@ -153,24 +161,30 @@ class ElasticRun:
         cause = error.__cause__ if error.__cause__ is not None else error
         return HorovodInternalError(f"hvd_elastic: the ticks failed: {cause}")
 
-    def resume_early(self):
+    def resume_early(self, synced: bool = False):
         """Collective, right after Horovod's sync of the script's state (the elastic loop's start, and after each
         reset), where no engine runs: every rank takes the most advanced survivor's replica now, so that the first
         step after a reset computes its gradient on the weights the new engine starts from -- not on the commit
-        Horovod restored, or rank 0's replica it synced. The engine's start (_recover) does the accounting and
+        Horovod restored, or rank 0's replica it synced. `synced`: that sync broadcast this optimizer's model and
+        state from rank 0; where rank 0's own is the most advanced replica and still its model (a change of the
+        rank set without a restore, the gradient policies: every rank applied the same ticks), every rank holds it
+        already and nothing is loaded or broadcast again. The engine's start (_recover) does the accounting and
         loads nothing again unless the rank set was reset in between."""
         if self.ticking():
             return
         self.session.follow_ranks()
         snap = self.snapshot
-        progress = self.replica.allgather(snap.progress if snap is not None else -1, "hvd_elastic.elastic.resume")
+        standing = self.replica.allgather((snap.progress, snap.current) if snap is not None else (-1, False),
+                                          "hvd_elastic.elastic.resume")
+        progress = [p for p, _ in standing]
         best = most_advanced(progress)
-        if progress[best] >= 0:
+        if progress[best] >= 0 and not (synced and best == 0 and standing[0][1]):
             self._load_from(best, snap)
         self.preloaded = (best, progress[best])
 
     def _load_from(self, best: int, snap: Optional["Snapshot"]):
         """Collective: rank `best`'s snapshot becomes every rank's weights and optimizer state."""
+        self.replica_loads += 1
         if self.session.rank == best:
             self.replica.load(snap.weights, snap.optimizer_state)
         self.replica.broadcast(best)
@@ -244,7 +258,7 @@ class ElasticRun:
         """Horovod is about to restore the last commit after a failure: keep this replica first."""
         self.preloaded = None
         if self.ticking():
-            self._take_snapshot()
+            self._take_snapshot(current=False)
 
     def stop(self):
         """The reset: stop this optimizer's engine (returned, for the join after Horovod's shutdown), None if none
@@ -262,23 +276,24 @@ class ElasticRun:
         # so far applied (unless the ticks failed: the replica as it stands). After a failure the replica was kept
         # before Horovod's restore (keep_replica): _take_snapshot keeps that one.
         engine.abandon(drain=True)
-        self._take_snapshot()
+        self._take_snapshot(current=True)
         return engine
 
-    def _take_snapshot(self):
+    def _take_snapshot(self, current: bool):
+        """`current`: no restore follows, so the model stays the snapshot (wbsp's is W, not the model: never)."""
         engine = self.session.engine
         if engine is None or self.snapshot is not None:
             return
         weights, optimizer_state = self.replica.capture(engine)
         self.snapshot = Snapshot(weights, optimizer_state, engine.applied_contributions, engine.rank, engine.pushed,
-                                 [int(c) for c in engine.view.clocks])
+                                 [int(c) for c in engine.view.clocks], current and not engine.updates.local_step)
 
     def counters(self) -> dict:
         return {"elastic_resets": self.resets, "elastic_reset_s": round(self.reset_s, 3),
                 "elastic_resumed_from_updates": list(self.recovered_from),
                 "elastic_lost_updates": list(self.lost), "elastic_in_flight_updates": list(self.in_flight),
                 "elastic_beyond_commit_updates": list(self.beyond_commit),
-                "elastic_before_reset_s": list(self.before_reset)}
+                "elastic_before_reset_s": list(self.before_reset), "elastic_replica_loads": self.replica_loads}
 
 
 def since_last_step(session, reset_at: float) -> float:
@@ -346,11 +361,11 @@ def stop_engines() -> list:
     return [e for e in (run.stop() for run in live()) if e is not None]
 
 
-def resume_early():
-    """Right after Horovod's sync of the script's state: every live optimizer without a running engine takes the most
-    advanced survivor's replica (ElasticRun.resume_early; collective)."""
+def resume_early(synced_objects=()):
+    """Right after Horovod's sync of a state holding `synced_objects` (its models and optimizers): every live optimizer
+    without a running engine takes the most advanced survivor's replica (ElasticRun.resume_early; collective)."""
     for run in live():
-        run.resume_early()
+        run.resume_early(synced=run.replica.synced_by(synced_objects))
 
 
 def join_stopped(engines: list):

@@ -182,6 +182,18 @@ def _restarted_on_the_replica(res):
         assert _per_reset(res, "entry_is_commit")[0] == 0, res.lines_with("ELASTIC rank=0 ")
 
 
+def _replica_loads(res, policy):
+    """Rank 0's resets at which the survivor's replica was loaded and broadcast: each of the four under wbsp (its
+    replica is the global model W, not the model Horovod's sync broadcast); under a gradient policy the kill's (the
+    commit was restored), not a change of the rank set without a restore, where rank 0's replica is its model and
+    Horovod's sync has just broadcast it."""
+    loads = int(re.search(r" loads=(\d+)", res.lines_with("ELASTIC rank=0 ")[0]).group(1))
+    if policy == "wbsp":
+        assert loads == 4, res.lines_with("ELASTIC rank=0 ")
+    elif policy != "auto":
+        assert 1 <= loads < 4, res.lines_with("ELASTIC rank=0 ")
+
+
 def _survived(elastic_jobs, name):
     res, _ = elastic_jobs[name].result()
     policy = JOBS[name][0]["HVD_ELASTIC_POLICY"]
@@ -202,10 +214,11 @@ def test_bsp_survives_a_killed_a_removed_and_two_added_workers(elastic_jobs):
                                   and "lbbsp" not in n and "keras" not in n and "tensorflow" not in n],
                          ids=lambda n: n.split("_")[1])
 def test_a_tick_policy_survives_and_resumes_from_a_survivors_replica(elastic_jobs, name):
-    res, _ = _survived(elastic_jobs, name)
+    res, policy = _survived(elastic_jobs, name)
     # each of the four resets resumed from a survivor's replica (the updates it applied), none from a commit
     resumed = _resumed(res)
     assert len(resumed) == 4 and all(r > 0 for r in resumed), resumed
+    _replica_loads(res, policy)
     _restarted_on_the_replica(res)
     _before_reset_within_the_workers_own_gaps(res)
 
@@ -217,6 +230,7 @@ def test_zipline_resumes_from_the_survivors_replica_not_the_last_commit(elastic_
     # both ranks completed (their ticks applied), at least: 8 updates or more kept beyond the commit
     assert len(resumed) == 4 and resumed[0] >= 2 * 14 and all(r > 0 for r in resumed), resumed
     assert _per_reset(res, "beyond_commit")[0] >= 2 * 4, res.lines_with("ELASTIC rank=0 ")
+    _replica_loads(res, "zipline")
     _restarted_on_the_replica(res)
     _before_reset_within_the_workers_own_gaps(res)
 
@@ -242,9 +256,10 @@ def test_keras_fit_under_a_tick_policy_survives_and_resumes_from_a_survivors_rep
     """Keras 3 model.fit under a tick policy (a gradient policy with a gate; wbsp with overlap, whose replica is the
     global model): the same four changes, every final rank at global batch 60 with identical weights, the final
     ranks' pushes all applied, each reset resumed from a survivor's replica with no more lost than was in flight."""
-    res, _ = _survived(elastic_jobs, name)
+    res, policy = _survived(elastic_jobs, name)
     resumed = _resumed(res)
     assert len(resumed) == 4 and all(r > 0 for r in resumed), resumed
+    _replica_loads(res, policy)
 
 
 def test_keras_fit_under_lbbsp_survives_and_takes_every_sample_of_each_epoch_once(elastic_jobs):

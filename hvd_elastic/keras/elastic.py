@@ -125,7 +125,7 @@ class KerasState(ObjectState):
         wrapped = state_of(self.optimizer)
         run = wrapped.ensure_elastic(self.model.trainable_variables) if wrapped is not None else None
         if run is not None:
-            run.resume_early()
+            run.resume_early(synced=True)    # this sync broadcast the model's and the optimizer's variables
 
 
 def _horovod_op_failed(error: tf.errors.OpError) -> bool:

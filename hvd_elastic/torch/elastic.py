@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 
 import horovod.torch as hvd
+import torch
 import horovod.torch.elastic as _horovod_elastic
 from horovod.torch.elastic.state import TorchState
 
@@ -48,6 +49,15 @@ class TorchReplica(Replica):
     def broadcast(self, root_rank):
         self.state.flat.broadcast_weights(root_rank=root_rank)
         hvd.broadcast_optimizer_state(self.optimizer, root_rank=root_rank)
+
+    def synced_by(self, objects):
+        """TorchState.sync broadcasts its optimizers' state and its modules' parameters: this optimizer's must be
+        among them, and each of its parameters in one of the modules."""
+        objects = list(objects)
+        if not any(o is self.optimizer for o in objects):
+            return False
+        synced = {id(p) for o in objects if isinstance(o, torch.nn.Module) for p in o.parameters()}
+        return all(id(p) in synced for group in self.optimizer.param_groups for p in group["params"])
 
 
 def elastic_run(optimizer, state, start_engine) -> ElasticRun:
@@ -83,7 +93,7 @@ def _sync_then_resume_early(self):
     live optimizer without a running engine takes the most advanced survivor's replica, before the script's first
     step computes a gradient."""
     _HOROVOD["sync"](self)
-    _elastic.resume_early()
+    _elastic.resume_early(vars(self).values())
 
 
 def install():

@@ -274,5 +274,6 @@ print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.epoch * args.st
       f"resets={mine.get('elastic_resets', 0)} resumed={per_reset('elastic_resumed_from_updates')} "
       f"lost={per_reset('elastic_lost_updates')} in_flight={per_reset('elastic_in_flight_updates')} "
       f"beyond_commit={per_reset('elastic_beyond_commit_updates')} "
-      f"entry_is_commit={discovery.listed(commits.entry_is_commit)} lr_off={lr_off[0]}"
+      f"entry_is_commit={discovery.listed(commits.entry_is_commit)} lr_off={lr_off[0]} "
+      f"loads={mine.get('elastic_replica_loads', 0)}"
       f"{f' audit_off={int((np.abs(audit.seen.numpy() - epochs) > 1e-3).sum())}' if LBBSP else ''}", flush=True)

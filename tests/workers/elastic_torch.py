@@ -201,5 +201,6 @@ print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.batch} global={
       f"beyond_commit={listed(mine.get('elastic_beyond_commit_updates', []))} "
       f"before_reset={listed(mine.get('elastic_before_reset_s', []))} "
       f"step_to_reset_end={listed(round(g, 3) for g in stepped['gaps'])} "
-      f"entry_is_commit={listed(commits.entry_is_commit)} lr_off={stepped['lr_off']}"
+      f"entry_is_commit={listed(commits.entry_is_commit)} lr_off={stepped['lr_off']} "
+      f"loads={mine.get('elastic_replica_loads', 0)}"
       f"{audit}", flush=True)

@@ -1,0 +1,99 @@
+"""ElasticRun.resume_early's choice after Horovod's sync (in-process, two ranks as threads; real elastic jobs:
+tests/test_elastic.py): every rank takes the most advanced survivor's replica, and loads and broadcasts it only where
+Horovod's sync has not just given every rank that same state -- it has where the replica is rank 0's and still its
+model (a change of the rank set without a restore, a gradient policy) and the sync covered this optimizer."""
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from hvd_elastic.elastic import ElasticRun, Replica
+
+
+class World:
+    """Two ranks' collectives: allgather and broadcast of the replicas' (weights, optimizer state)."""
+
+    def __init__(self, n):
+        self.n, self.barrier, self.slots = n, threading.Barrier(n, timeout=10), [None] * n
+
+    def allgather(self, rank, obj):
+        self.barrier.wait()
+        self.slots[rank] = obj
+        self.barrier.wait()
+        out = list(self.slots)
+        self.barrier.wait()
+        return out
+
+
+class FakeReplica(Replica):
+    def __init__(self, world, rank, weights):
+        self.world, self.rank = world, rank
+        self.weights, self.momentum = np.array(weights, dtype=float), np.full(len(weights), 0.5 + rank)
+        self.loads = self.broadcasts = 0
+
+    def allgather(self, obj, name):
+        return self.world.allgather(self.rank, obj)
+
+    def capture(self, engine):
+        return self.weights.copy(), self.momentum.copy()
+
+    def load(self, weights, optimizer_state):
+        self.loads += 1
+        self.weights[...], self.momentum[...] = weights, optimizer_state
+
+    def broadcast(self, root_rank):
+        self.broadcasts += 1
+        mine = (self.weights.copy(), self.momentum.copy())
+        root = self.world.allgather(self.rank, mine)[root_rank]
+        self.weights[...], self.momentum[...] = root
+
+
+def _run(world, rank, applied, wbsp):
+    engine = SimpleNamespace(abandoned=False, finished=False, applied_contributions=applied, rank=rank, pushed=3,
+                             view=SimpleNamespace(clocks=[3, 3]), updates=SimpleNamespace(local_step=wbsp),
+                             ticker=SimpleNamespace(handoff=SimpleNamespace(hosts_announced=lambda: 0)))
+    engine.abandon = lambda drain: setattr(engine, "abandoned", True)
+    session = SimpleNamespace(engine=engine, rank=rank, report=None, last_step_end=0.0, follow_ranks=lambda: None)
+    return ElasticRun(FakeReplica(world, rank, [1.0 + rank, 2.0]), session, start_engine=None)
+
+
+def _reset(failure, synced, wbsp=False, applied=(10, 10)):
+    """Both ranks through a reset (keep_replica first after a failure, then stop) and resume_early; rank 0's model
+    stands for what Horovod's sync broadcast (the other rank is given rank 0's weights first, as the sync does)."""
+    world = World(2)
+    runs = [_run(world, r, applied[r], wbsp) for r in range(2)]
+    for run in runs:
+        if failure:
+            run.keep_replica()
+            run.replica.weights[...] = -7.0     # the restored commit
+        run.stop()
+    for run in runs:                             # Horovod's sync: rank 0's model and optimizer state on every rank
+        run.replica.weights[...], run.replica.momentum[...] = runs[0].replica.weights, runs[0].replica.momentum
+    threads = [threading.Thread(target=run.resume_early, kwargs={"synced": synced}) for run in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    for run in runs:
+        run.session.report = {}                  # finished: no longer live
+    return runs
+
+
+def test_a_change_of_the_rank_set_under_a_gradient_policy_loads_and_broadcasts_nothing_again():
+    runs = _reset(failure=False, synced=True)
+    assert [(r.replica.loads, r.replica.broadcasts, r.replica_loads) for r in runs] == [(0, 0, 0), (0, 0, 0)]
+    assert all(r.preloaded == (0, 10) for r in runs)
+    assert all(np.array_equal(r.replica.weights, [1.0, 2.0]) for r in runs)   # rank 0's replica, synced
+
+
+@pytest.mark.parametrize("case", ["failure", "wbsp", "not_synced", "rank_1_ahead"])
+def test_the_replica_is_loaded_and_broadcast_where_the_sync_did_not_give_it(case):
+    runs = _reset(failure=case == "failure", synced=case != "not_synced", wbsp=case == "wbsp",
+                  applied=(10, 11) if case == "rank_1_ahead" else (10, 10))
+    best = 1 if case == "rank_1_ahead" else 0
+    assert [r.replica.broadcasts for r in runs] == [1, 1] and [r.replica_loads for r in runs] == [1, 1]
+    assert [r.replica.loads for r in runs] == [int(rank == best) for rank in range(2)]
+    # every rank holds the best survivor's snapshot (not the restored commit, not rank 0's synced model)
+    assert all(np.array_equal(r.replica.weights, [1.0 + best, 2.0]) for r in runs), [r.replica.weights for r in runs]
+    assert all(r.preloaded == (best, 10 + best) for r in runs)

@@ -269,4 +269,7 @@ def test_elastic_recovers_across_hosts(elastic_jobs, policy):
         # model); under a gradient policy after the kill's restore, not at a change of the rank set (rank 0's replica
         # is its model, which the sync has just broadcast)
         loads = int(re.search(r" loads=(\d+)", rank0).group(1))
-        assert (loads == 4) if kind == "wbsp" else (kind == "auto" or 1 <= loads < 4), finals
+        if kind == "wbsp":
+            assert loads == 4, finals
+        elif kind != "auto":     # auto's mode at a reset decides
+            assert 1 <= loads < 4, finals

@@ -15,7 +15,7 @@ class World:
     """Two ranks' collectives: allgather and broadcast of the replicas' (weights, optimizer state)."""
 
     def __init__(self, n):
-        self.n, self.barrier, self.slots = n, threading.Barrier(n, timeout=10), [None] * n
+        self.barrier, self.slots = threading.Barrier(n, timeout=10), [None] * n
 
     def allgather(self, rank, obj):
         self.barrier.wait()

@@ -15,8 +15,8 @@ from __future__ import annotations
 import copy
 
 import horovod.torch as hvd
-import torch
 import horovod.torch.elastic as _horovod_elastic
+import torch
 from horovod.torch.elastic.state import TorchState
 
 from .. import elastic as _elastic

@@ -67,6 +67,7 @@ ap.add_argument("--global-batch", type=int, default=32, help="lbbsp: B")
 args = ap.parse_args()
 waits = dict(tuple(map(int, w.split(":"))) for w in args.wait)
 LBBSP = os.environ.get("HVD_ELASTIC_POLICY") == "lbbsp"
+LR = 0.01   # per rank: the learning rate is LR x the ranks of the moment (a reset callback sets it)
 
 hvd.init()
 torch.manual_seed(0)
@@ -85,7 +86,7 @@ if LBBSP:
     state = hvd.elastic.TorchState(model=model, optimizer=opt, sampler=sampler, batch=0, sizes=[])
 else:
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    sgd = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
+    sgd = torch.optim.SGD(model.parameters(), lr=LR * hvd.size(), momentum=0.9)
     opt = hvde.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
     state = hvd.elastic.TorchState(model=model, optimizer=opt, batch=0, sizes=[])
 
@@ -98,7 +99,7 @@ if not LBBSP:
     # must train at the rate of the ranks of the moment (counted: lr_off)
     def scale_lr():
         for group in opt.param_groups:
-            group["lr"] = 0.01 * hvd.size()
+            group["lr"] = LR * hvd.size()
     state.register_reset_callbacks([scale_lr])
 
 
@@ -122,7 +123,7 @@ def train_step(seed):
     y = x.sum(1, keepdim=True)
     opt.zero_grad()
     torch.nn.functional.mse_loss(model(x), y).backward()
-    stepped["lr_off"] += any(abs(group["lr"] - 0.01 * hvd.size()) > 1e-12 for group in opt.param_groups)
+    stepped["lr_off"] += any(abs(group["lr"] - LR * hvd.size()) > 1e-12 for group in opt.param_groups)
     opt.step()
     stepped["at"] = time.perf_counter()
 

@@ -65,7 +65,10 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
     round_before_ = false;
   }
   if (in_mode < settle_ || measured_ranks() < 2) return lockstep_;
-  if (!explored_) {  // one measurement of each mode first: lock-step, then relaxed where relaxing can pay
+  // At the start, where the ranks' compute times alone promise the switch (lock-step's cost could only add to the
+  // gain), lock-step's cost cannot change the choice: relaxed is measured at once.
+  const bool compute_clears = lockstep_ && !explored_ && gain_at(0, 0) >= min_gain_ * (1 + kHysteresis);
+  if (!explored_ && !compute_clears) {  // one measurement of each mode first: lock-step, then relaxed where it can pay
     if (in_mode < settle_ + sample_ || (lockstep_ ? lock_mean_ : relax_mean_).value() < 0) return lockstep_;
     // relaxed: `sample` pushes settle a clear loss (fewer pushes per second than lock-step); a gain near the switch
     // takes `relaxed_sample`, so that one stall cannot decide it
@@ -153,8 +156,11 @@ int LockstepRule::measured_ranks() const {
 }
 
 // The model's gain with the relaxed rule costing o_relax per step beyond a rank's compute. gain_at(0) is its ceiling:
-// no measurement of o_R can predict more, so below the switch relaxed is not worth measuring.
-double LockstepRule::gain_at(double o_relax) const {
+// no measurement of o_R can predict more, so below the switch relaxed is not worth measuring. Before lock-step's cost
+// is measured it counts as 0: the gain is then understated, never overstated.
+double LockstepRule::gain_at(double o_relax) const { return gain_at(o_relax, std::max(0.0, lock_mean_.value())); }
+
+double LockstepRule::gain_at(double o_relax, double o_lock) const {
   double relaxed = 0, max_c = 0;
   int k = 0;
   for (size_t q = 0; q < compute_.size(); ++q) {
@@ -164,7 +170,7 @@ double LockstepRule::gain_at(double o_relax) const {
     ++k;
   }
   if (k < 2) return gain_;
-  return relaxed / (k / (max_c + lock_mean_.value()));
+  return relaxed / (k / (max_c + o_lock));
 }
 
 }  // namespace hvd_elastic

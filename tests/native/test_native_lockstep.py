@@ -41,17 +41,55 @@ RELAXED_STRAGGLER = [40, 40, 40, 100]         # relaxed: each rank's own compute
 
 
 def test_starts_in_lockstep_and_measures_each_mode_once_before_the_model_decides():
+    # equal compute times, lock-step dear (20 ms a round beyond them): only lock-step's measured cost makes relaxing
+    # worth measuring, so it is measured first
     s = Stream()
     assert s.rule.lockstep and s.rule.gain == 0
-    modes = s.rounds(4, STRAGGLER, LOCKSTEP_STRAGGLER)    # 4 pushes of every rank: settle + sample
+    modes = s.rounds(4, [30] * 4, [50] * 4)               # 4 pushes of every rank: settle + sample
     assert modes == [True, True, True, False]             # lock-step measured, then relaxed is tried
-    assert s.rule.overhead_lockstep_ns == pytest.approx(5 * MS) and s.rule.overhead_relaxed_ns == -1
-    s.rounds(4, STRAGGLER, RELAXED_STRAGGLER)
-    assert s.rule.overhead_relaxed_ns == pytest.approx(10 * MS)
-    # gain = (3 / 40 + 1 / 100) / (4 / 95) = 2.02: a straggler pays for relaxing
-    assert s.rule.gain == pytest.approx((3 / 40 + 1 / 100) / (4 / 95), rel=1e-6)
+    assert s.rule.overhead_lockstep_ns == pytest.approx(20 * MS) and s.rule.overhead_relaxed_ns == -1
+    s.rounds(4, [30] * 4, [36] * 4)
+    assert s.rule.overhead_relaxed_ns == pytest.approx(6 * MS)
+    assert s.rule.gain == pytest.approx(50 / 36, rel=1e-6)    # relaxed: 36 ms a push against lock-step's 50
     assert not s.rule.lockstep and s.rule.switches == 1 and s.rule.switch_pushes == [16]
     assert s.rule.lockstep_pushes == 16 and s.rule.pushes == 32
+
+
+def test_a_straggler_whose_compute_alone_promises_the_gain_relaxes_once_settled():
+    # compute times alone (lock-step and relaxed at no cost) predict (3 / 30 + 1 / 90) / (4 / 90) = 2.5: lock-step's
+    # cost could only add to that, so relaxed is measured after `settle` pushes, not `settle` + `sample`; o_L is
+    # what the rounds until then sampled (one: 5 ms)
+    s = Stream()
+    assert s.rounds(2, STRAGGLER, LOCKSTEP_STRAGGLER) == [True, False]
+    assert s.rule.switch_pushes == [8] and s.rule.overhead_lockstep_ns == pytest.approx(5 * MS)
+    assert s.rule.gain == pytest.approx((3 / 30 + 1 / 90) / (4 / 95), rel=1e-6)
+    s.rounds(4, STRAGGLER, RELAXED_STRAGGLER)
+    assert s.rule.overhead_relaxed_ns == pytest.approx(10 * MS)
+    assert s.rule.gain == pytest.approx((3 / 40 + 1 / 100) / (4 / 95), rel=1e-6)
+    assert not s.rule.lockstep and s.rule.switches == 1 and s.rule.lockstep_pushes == 8
+
+
+def test_before_lockstep_is_sampled_its_cost_counts_as_zero():
+    # settle = 1: the first observation with compute times switches (compute alone: 2.5) before any lock-step round
+    # is sampled; the relaxed gain is then priced against lock-step at the slowest compute alone -- understated
+    s = Stream()
+    s.rule = N.LockstepRule(4, 1.25, 1, SAMPLE, RELAXED_SAMPLE)
+    assert s.rounds(1, STRAGGLER, LOCKSTEP_STRAGGLER) == [False] and s.rule.overhead_lockstep_ns == -1
+    s.rounds(4, STRAGGLER, RELAXED_STRAGGLER)
+    assert s.rule.overhead_relaxed_ns == pytest.approx(10 * MS) and s.rule.overhead_lockstep_ns == -1
+    assert s.rule.gain == pytest.approx((3 / 40 + 1 / 100) / (4 / 90), rel=1e-6) and not s.rule.lockstep
+
+
+def test_a_straggler_whose_relaxed_rule_costs_too_much_goes_back_and_lockstep_is_measured_then():
+    # relaxed right after settle (compute alone: 2.5), but relaxing costs 100 ms a push: gain (3 / 130 + 1 / 190) /
+    # (4 / 90) = 0.64 with o_L at 0; back in lock-step o_L is measured (5 ms) and the model decides with both
+    s = Stream()
+    s.rounds(2, STRAGGLER, LOCKSTEP_STRAGGLER)
+    s.rounds(4, STRAGGLER, [130, 130, 130, 190])
+    assert s.rule.lockstep and s.rule.switch_pushes == [8, 24]
+    assert all(s.rounds(10, STRAGGLER, LOCKSTEP_STRAGGLER))
+    assert s.rule.overhead_lockstep_ns == pytest.approx(5 * MS)
+    assert s.rule.gain == pytest.approx((3 / 130 + 1 / 190) / (4 / 95), rel=1e-6)
 
 
 def test_equal_speeds_never_measure_relaxed_where_even_a_free_relaxed_rule_cannot_pay():
@@ -104,7 +142,7 @@ def test_the_relaxed_cost_is_a_mean_over_pushes_not_over_ticks():
     # then one that carries rank 3's push alone (35 ms beyond). Per push: (9 x 5 + 35) / 10 = 8 ms (what the pushes
     # per second follow); a mean over ticks would read (3 x 5 + 35) / 4 = 12.5 ms
     s = Stream()
-    s.rounds(4, STRAGGLER, LOCKSTEP_STRAGGLER)
+    s.rounds(2, STRAGGLER, LOCKSTEP_STRAGGLER)            # settled: relaxed (compute alone promises the gain)
     for _ in range(200):
         for _ in range(3):
             s.clocks[:3] = [c + 1 for c in s.clocks[:3]]
@@ -117,7 +155,7 @@ def test_the_relaxed_cost_is_a_mean_over_pushes_not_over_ticks():
 
 def test_one_stall_of_every_rank_is_counted_but_does_not_send_relaxed_ranks_back_to_lockstep():
     s = Stream()
-    s.rounds(4, STRAGGLER, LOCKSTEP_STRAGGLER)            # o_L = 5 ms
+    s.rounds(2, STRAGGLER, LOCKSTEP_STRAGGLER)            # settled: relaxed (compute alone promises the gain)
     s.rounds(300, STRAGGLER, RELAXED_STRAGGLER)           # o_R = 10 ms, gain 2.0
     assert not s.rule.lockstep
     # every rank stalls for a second once (the network, a neighbour): the relaxed rule's cost rises by its share of
@@ -130,7 +168,7 @@ def test_one_stall_of_every_rank_is_counted_but_does_not_send_relaxed_ranks_back
 
 def test_a_wait_for_a_rank_catching_up_after_a_switch_is_not_counted_as_lockstep_cost():
     s = Stream()
-    s.rounds(4, STRAGGLER, LOCKSTEP_STRAGGLER)            # o_L = 5 ms
+    s.rounds(2, STRAGGLER, LOCKSTEP_STRAGGLER)            # settled: relaxed (compute alone promises the gain)
     s.rounds(4, STRAGGLER, RELAXED_STRAGGLER)
     for _ in range(30):                                   # relaxed: the fast ranks run ahead of rank 3
         for q in range(3):
@@ -172,7 +210,7 @@ def test_two_rules_fed_the_same_stream_agree_at_every_tick():
 
 def test_finished_ranks_are_left_out_and_a_single_live_rank_keeps_the_mode():
     s = Stream()
-    s.rounds(4, STRAGGLER, LOCKSTEP_STRAGGLER)
+    s.rounds(2, STRAGGLER, LOCKSTEP_STRAGGLER)            # settled: relaxed (compute alone promises the gain)
     s.rounds(4, STRAGGLER, RELAXED_STRAGGLER)
     assert not s.rule.lockstep
     s.finished = [False, True, True, True]                # only rank 0 trains on: nothing to choose between
@@ -202,16 +240,16 @@ def test_bad_observations_are_named():
 def test_lockstep_rounds_count_from_the_last_switch_or_the_scripts_own_collective():
     s = Stream()
     assert s.rule.origin == [0] * 4
-    s.rounds(4, STRAGGLER, LOCKSTEP_STRAGGLER)            # lock-step measured: relaxed from clocks 4
-    assert not s.rule.lockstep and s.rule.origin == [4] * 4
+    s.rounds(2, STRAGGLER, LOCKSTEP_STRAGGLER)            # settled, the straggler's gain clear: relaxed from clocks 2
+    assert not s.rule.lockstep and s.rule.origin == [2] * 4
     for _ in range(10):                                   # relaxed: the fast ranks run three pushes a round ahead
         s.clocks[:3] = [c + 3 for c in s.clocks[:3]]
         s.clocks[3] += 1
         s.times = [t + p * MS for t, p in zip(s.times, [40, 40, 40, 100])]
         s.observe(STRAGGLER)
-    assert s.rule.origin == [4] * 4
+    assert s.rule.origin == [2] * 4
     assert not s.rule.observe(s.clocks, [30 * MS] * 4, s.times, s.finished, [False, True, False, False])
-    assert s.rule.origin == [34, 34, 34, 14]              # rank 1 waits in a collective of the script's own
+    assert s.rule.origin == [32, 32, 32, 12]              # rank 1 waits in a collective of the script's own
     with pytest.raises(ValueError, match="one entry per rank"):
         s.rule.observe(s.clocks, [30 * MS] * 4, s.times, s.finished, [False])
 

@@ -193,7 +193,8 @@ class Lockstep:
     The mode is a function of the tick stream, so every rank is in the same mode at the same tick."""
 
     SETTLE = 8   # pushes of every rank after a switch before the overheads are sampled (the first carry the old mode)
-    SAMPLE = 8   # pushes of every rank in the first measurement of lock-step's cost
+    SAMPLE = 8   # pushes of every rank in the first measurement of lock-step's cost (skipped where the ranks' compute
+    # times alone promise the switch, as under a persistent straggler)
     RELAXED_SAMPLE = 32   # ... and of the relaxed rule's near the switch (SAMPLE where it loses outright): across
     # hosts the relaxed rule's cost moves with stalls every few seconds, and one must not decide
 
@@ -235,8 +236,13 @@ class Lockstep:
         return {"lockstep_switches": r.switches, "lockstep_switch_pushes": list(r.switch_pushes),
                 "lockstep_pushes": r.lockstep_pushes,
                 "lockstep_share": round(r.lockstep_pushes / r.pushes, 3) if r.pushes else 0.0,
-                "lockstep_gain": round(r.gain, 3), "lockstep_overhead_ms": round(r.overhead_lockstep_ns / 1e6, 2),
-                "relaxed_overhead_ms": round(r.overhead_relaxed_ns / 1e6, 2)}
+                "lockstep_gain": round(r.gain, 3), "lockstep_overhead_ms": _ms(r.overhead_lockstep_ns),
+                "relaxed_overhead_ms": _ms(r.overhead_relaxed_ns)}
+
+
+def _ms(ns: float) -> Optional[float]:
+    """An overhead of the rule in ms, None while not measured (the rule's -1)."""
+    return round(ns / 1e6, 2) if ns >= 0 else None
 
 
 def server_clocks(view: GlobalView, own_clock: int, origin: Optional[Sequence[int]] = None,

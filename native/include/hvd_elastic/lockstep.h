@@ -23,8 +23,10 @@
 // for its stale gradients (1.25: a quarter more pushes). The first pushes after a switch still carry the previous
 // mode (a rank's first gap in relaxed mode may end a lock-step wait), so the overheads are sampled once every live
 // rank has pushed `settle` times since the switch. Start: lock-step until o_L is measured (every live rank `settle` +
-// `sample` pushes), then relaxed until o_R is (`settle` + `relaxed_sample`, or + `sample` where relaxing loses
-// outright), then the model decides at every observation. Relaxed is
+// `sample` pushes) -- or only `settle` pushes where the compute times alone (o_L = 0, o_R = 0) already predict the
+// switch, as a persistent straggler does: o_L could only add to that gain -- then relaxed until o_R is measured
+// (`settle` + `relaxed_sample`, or + `sample` where relaxing loses outright), then the model decides at every
+// observation (o_L counted as 0 until lock-step is measured: the gain understated, never overstated). Relaxed is
 // measured only once its gain can reach the switch: while even o_R = 0 (the ceiling) predicts less, as with equal
 // speeds, the ranks stay in lock-step and the ceiling is checked at every observation instead. Every input
 // comes from the tick stream, which every rank observes identically in the same order: every rank holds the same
@@ -82,7 +84,8 @@ class LockstepRule {
   void sample_overhead(const std::vector<double>& gap, const std::vector<int64_t>& pushed,
                        const std::vector<int64_t>& interval_ns, bool lockstep_round);
   int measured_ranks() const;
-  double gain_at(double o_relax) const;  // the model's gain at that o_R (0: its ceiling)
+  double gain_at(double o_relax) const;  // the model's gain at that o_R (0: its ceiling) and the measured o_L
+  double gain_at(double o_relax, double o_lock) const;  // ... at that o_R and o_L (both 0: the compute times' alone)
 
   double min_gain_;
   int64_t settle_, sample_, relaxed_sample_;

@@ -25,9 +25,11 @@ is sized for one rank set, so around that reset:
   to the reset), and each raises HostsUpdatedInterrupt at its first commit after it, or at its first call that
   needs a tick before that commit (engine/loop.py RankSetChanged), always with Horovod's sync after the reset
   (:func:`check_host_updates`);
-- right after Horovod's sync (TorchState.sync: :func:`resume_early`; KerasState.sync: its optimizer's
-  :meth:`ElasticRun.resume_early`), every rank takes the snapshot of the survivor that applied the most updates (its
-  weights and optimizer state broadcast to every rank), or keeps the state Horovod synced where no survivor has one,
+- at the state's sync (TorchState.sync: :func:`plan_resumes` before Horovod's, :func:`resume` after it;
+  KerasState.sync: :meth:`ElasticRun.plan_resume` and :meth:`ElasticRun.resume` of its optimizer), every rank takes
+  the snapshot of the survivor that applied the most updates (its weights and optimizer state broadcast to every
+  rank; the sync leaves out the broadcast of rank 0's that this one replaces), or keeps the state Horovod synced
+  where no survivor has one,
   so the script's first step after the reset computes its gradient on the weights it is applied to (a worker that
   joins makes its ElasticRun there: PyTorch with its DistributedOptimizer, TensorFlow at the sync, from the model's
   trained variables);
@@ -109,6 +111,14 @@ class Snapshot:
         return self.rank, self.pushed, self.clocks
 
 
+class Resume(NamedTuple):
+    """What every rank takes at the sync after a reset (ElasticRun.plan_resume): the survivor `best`, the updates in
+    its replica (`progress`, -1: none has one), and whether that replica is loaded and broadcast."""
+    best: int
+    progress: int
+    load: bool
+
+
 class ElasticRun:
     """One relaxed optimizer's side of elastic Horovod: what its engine was, and what the next one starts from."""
 
@@ -132,8 +142,9 @@ class ElasticRun:
         self.heard = 0             # the latest change of the rank set announced to this rank (timestamp x 4 + kind)
         self.handled_s = 0         # the timestamp of the latest change this rank has reset for
         self.baseline_s = 0        # ... the latest any rank of this engine had reset for (agreed at its start)
-        self.preloaded = None      # (rank, updates) of the survivor replica loaded at the state's sync (resume_early)
+        self.preloaded = None      # (rank, updates) of the survivor replica loaded at the state's sync (resume)
         self.replica_loads = 0     # resets at which a survivor's replica was loaded and broadcast (_load_from)
+        self.sync_replaced = 0     # ... at which the state's sync left out rank 0's model and optimizer state for it
         _LIVE.append(self)
 
     # ---- the training thread ---------------------------------------------------------------------------------
@@ -161,26 +172,34 @@ class ElasticRun:
         cause = error.__cause__ if error.__cause__ is not None else error
         return HorovodInternalError(f"hvd_elastic: the ticks failed: {cause}")
 
-    def resume_early(self, synced: bool = False):
-        """Collective, right after Horovod's sync of the script's state (the elastic loop's start, and after each
-        reset), where no engine runs: every rank takes the most advanced survivor's replica now, so that the first
+    def plan_resume(self, synced: bool) -> Optional["Resume"]:
+        """Collective, at the sync of the script's state (the elastic loop's start, and after each reset) where no
+        engine runs; None where one does. Every rank learns which survivor's replica it takes now, so that the first
         step after a reset computes its gradient on the weights the new engine starts from -- not on the commit
-        Horovod restored, or rank 0's replica it synced. `synced`: that sync broadcast this optimizer's model and
-        state from rank 0; where rank 0's own is the most advanced replica and still its model (a change of the
-        rank set without a restore, the gradient policies: every rank applied the same ticks), every rank holds it
-        already and nothing is loaded or broadcast again. The engine's start (_recover) does the accounting and
-        loads nothing again unless the rank set was reset in between."""
+        Horovod restored, or rank 0's replica its sync broadcast -- and whether that replica is loaded and broadcast
+        (`load`). `synced`: the sync broadcasts this optimizer's model and state from rank 0; where rank 0's own is
+        the most advanced replica and still its model (a change of the rank set without a restore, the gradient
+        policies: every rank applied the same ticks), the sync gives every rank that replica and nothing is loaded or
+        broadcast besides. Where a replica is loaded, the sync leaves out what its broadcast replaces (rank 0's
+        model and optimizer state: torch/elastic.py, keras/elastic.py)."""
         if self.ticking():
-            return
+            return None
         self.session.follow_ranks()
         snap = self.snapshot
         standing = self.replica.allgather((snap.progress, snap.current) if snap is not None else (-1, False),
                                           "hvd_elastic.elastic.resume")
         progress = [p for p, _ in standing]
         best = most_advanced(progress)
-        if progress[best] >= 0 and not (synced and best == 0 and standing[0][1]):
-            self._load_from(best, snap)
-        self.preloaded = (best, progress[best])
+        load = progress[best] >= 0 and not (synced and best == 0 and standing[0][1])
+        return Resume(best, progress[best], load)
+
+    def resume(self, plan: "Resume"):
+        """Collective, after the sync: the plan's replica becomes every rank's weights and optimizer state where it
+        is loaded (else the sync's are it, or no survivor has one). The engine's start (_recover) does the
+        accounting and loads nothing again unless the rank set was reset in between."""
+        if plan.load:
+            self._load_from(plan.best, self.snapshot)
+        self.preloaded = (plan.best, plan.progress)
 
     def _load_from(self, best: int, snap: Optional["Snapshot"]):
         """Collective: rank `best`'s snapshot becomes every rank's weights and optimizer state."""
@@ -293,7 +312,8 @@ class ElasticRun:
                 "elastic_resumed_from_updates": list(self.recovered_from),
                 "elastic_lost_updates": list(self.lost), "elastic_in_flight_updates": list(self.in_flight),
                 "elastic_beyond_commit_updates": list(self.beyond_commit),
-                "elastic_before_reset_s": list(self.before_reset), "elastic_replica_loads": self.replica_loads}
+                "elastic_before_reset_s": list(self.before_reset), "elastic_replica_loads": self.replica_loads,
+                "elastic_sync_replaced": self.sync_replaced}
 
 
 def since_last_step(session, reset_at: float) -> float:
@@ -361,11 +381,23 @@ def stop_engines() -> list:
     return [e for e in (run.stop() for run in live()) if e is not None]
 
 
-def resume_early(synced_objects=()):
-    """Right after Horovod's sync of a state holding `synced_objects` (its models and optimizers): every live optimizer
-    without a running engine takes the most advanced survivor's replica (ElasticRun.resume_early; collective)."""
+def plan_resumes(synced_objects=()) -> List[tuple]:
+    """Collective, before Horovod's sync of a state holding `synced_objects` (its models and optimizers): per live
+    optimizer without a running engine, (its ElasticRun, its Resume, whether that sync covers its model and
+    optimizer state)."""
+    plans = []
     for run in live():
-        run.resume_early(synced=run.replica.synced_by(synced_objects))
+        covered = run.replica.synced_by(synced_objects)
+        plan = run.plan_resume(covered)
+        if plan is not None:
+            plans.append((run, plan, covered))
+    return plans
+
+
+def resume(plans: List[tuple]):
+    """Collective, after Horovod's sync: each planned optimizer takes its survivor's replica (ElasticRun.resume)."""
+    for run, plan, _ in plans:
+        run.resume(plan)
 
 
 def join_stopped(engines: list):

@@ -273,3 +273,5 @@ def test_elastic_recovers_across_hosts(elastic_jobs, policy):
             assert loads == 4, finals
         elif kind != "auto":     # auto's mode at a reset decides
             assert 1 <= loads < 4, finals
+        # the state's sync left out rank 0's model and optimizer state wherever the replica's broadcast replaced them
+        assert 1 <= int(re.search(r" replaced=(\d+)", rank0).group(1)) <= loads, finals

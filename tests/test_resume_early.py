@@ -1,4 +1,4 @@
-"""ElasticRun.resume_early's choice after Horovod's sync (in-process, two ranks as threads; real elastic jobs:
+"""ElasticRun.plan_resume's choice at the state's sync (in-process, two ranks as threads; real elastic jobs:
 tests/test_elastic.py): every rank takes the most advanced survivor's replica, and loads and broadcasts it only where
 Horovod's sync has not just given every rank that same state -- it has where the replica is rank 0's and still its
 model (a change of the rank set without a restore, a gradient policy) and the sync covered this optimizer."""
@@ -58,9 +58,18 @@ def _run(world, rank, applied, wbsp):
     return ElasticRun(FakeReplica(world, rank, [1.0 + rank, 2.0]), session, start_engine=None)
 
 
+def _threads(target, runs):
+    threads = [threading.Thread(target=target, args=(rank, run)) for rank, run in enumerate(runs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+
+
 def _reset(failure, synced, wbsp=False, applied=(10, 10)):
-    """Both ranks through a reset (keep_replica first after a failure, then stop) and resume_early; rank 0's model
-    stands for what Horovod's sync broadcast (the other rank is given rank 0's weights first, as the sync does)."""
+    """Both ranks through a reset (keep_replica first after a failure, then stop), then the state's sync: the plan
+    (collective), Horovod's sync of rank 0's model and optimizer state (the other rank given rank 0's weights) unless
+    the plan loads a replica that the sync covers, then resume."""
     world = World(2)
     runs = [_run(world, r, applied[r], wbsp) for r in range(2)]
     for run in runs:
@@ -68,13 +77,13 @@ def _reset(failure, synced, wbsp=False, applied=(10, 10)):
             run.keep_replica()
             run.replica.weights[...] = -7.0     # the restored commit
         run.stop()
-    for run in runs:                             # Horovod's sync: rank 0's model and optimizer state on every rank
-        run.replica.weights[...], run.replica.momentum[...] = runs[0].replica.weights, runs[0].replica.momentum
-    threads = [threading.Thread(target=run.resume_early, kwargs={"synced": synced}) for run in runs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
+    plans = [None, None]
+    _threads(lambda rank, run: plans.__setitem__(rank, run.plan_resume(synced)), runs)
+    assert plans[0] == plans[1]
+    if not (synced and plans[0].load):
+        for run in runs:
+            run.replica.weights[...], run.replica.momentum[...] = runs[0].replica.weights, runs[0].replica.momentum
+    _threads(lambda rank, run: run.resume(plans[rank]), runs)
     for run in runs:
         run.session.report = {}                  # finished: no longer live
     return runs

@@ -108,7 +108,18 @@ class KerasState(ObjectState):
         _elastic.check_host_updates(self, super().check_host_updates)
 
     def sync(self):
-        broadcast_variables(self._variables(), root_rank=0, name="hvd_elastic.keras.state.vars")
+        # a tick policy: every rank learns which survivor's replica it takes (this state's optimizer: every rank has
+        # its ElasticRun now; another optimizer's loads at its engine's start); where that replica is broadcast, it
+        # brings the trained and the optimizer's variables, and rank 0's are not broadcast before it
+        wrapped = state_of(self.optimizer)
+        run = wrapped.ensure_elastic(self.model.trainable_variables) if wrapped is not None else None
+        resume = run.plan_resume(synced=True) if run is not None else None
+        replaced = set()
+        if resume is not None and resume.load:
+            replaced = {id(v) for v in run.replica.variables()}
+            run.sync_replaced += 1
+        broadcast_variables([v for v in self._variables() if id(v) not in replaced], root_rank=0,
+                            name="hvd_elastic.keras.state.vars")
         self._saved = self._values()
         plan = self._plan()
         # lbbsp: rank 0's place in the data; every rank takes part (a joiner made its dataset before the first fit)
@@ -120,12 +131,8 @@ class KerasState(ObjectState):
             self._saved_plan = root
             plan.load_state_dict(root)
         super().sync()
-        # a tick policy: every rank moves to the most advanced survivor's replica before its first step computes (this
-        # state's optimizer: every rank has its ElasticRun now; another optimizer's loads at its engine's start)
-        wrapped = state_of(self.optimizer)
-        run = wrapped.ensure_elastic(self.model.trainable_variables) if wrapped is not None else None
-        if run is not None:
-            run.resume_early(synced=True)    # this sync broadcast the model's and the optimizer's variables
+        if resume is not None:    # every rank moves to that replica before its first step computes
+            run.resume(resume)
 
 
 def _horovod_op_failed(error: tf.errors.OpError) -> bool:

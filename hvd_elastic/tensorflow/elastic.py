@@ -36,9 +36,12 @@ class TfReplica(Replica):
             if v is not learning_rate:
                 v.assign(value)
 
+    def variables(self) -> list:
+        """The variables :meth:`broadcast` sets: the trained ones, then the optimizer's."""
+        return list(self.state.flat.variables) + list(self.state.optimizer.variables)
+
     def broadcast(self, root_rank):
-        broadcast_variables(list(self.state.flat.variables) + list(self.state.optimizer.variables), root_rank,
-                            name="hvd_elastic.elastic.replica")
+        broadcast_variables(self.variables(), root_rank, name="hvd_elastic.elastic.replica")
 
 
 def elastic_run(state) -> ElasticRun:

@@ -6,8 +6,9 @@ Horovod's resets here too (:func:`resets`) and rebuilds its batch plan on its ow
 - hvd.elastic.run's reset (``horovod.torch.elastic``'s shutdown) stops every live engine first;
 - ``TorchState.restore`` (after a failure) keeps every live engine's replica first;
 - ``TorchState.check_host_updates`` (every commit) goes through the ticks while an engine runs;
-- ``TorchState.sync`` (the loop's start, and after each reset) is followed by the move to the most advanced
-  survivor's replica, so the script's first step after a reset computes on the weights the new engine starts from.
+- ``TorchState.sync`` (the loop's start, and after each reset) ends with the move to the most advanced survivor's
+  replica, so the script's first step after a reset computes on the weights the new engine starts from; where that
+  replica is broadcast, Horovod's broadcast of rank 0's parameters and optimizer state is left out.
 docs/horovod-compat.md, "Elastic Horovod".
 """
 from __future__ import annotations
@@ -89,11 +90,37 @@ def _keep_replicas_then_restore(self):
 
 
 def _sync_then_resume_early(self):
-    """TorchState.sync (the elastic loop's start, and after each reset): Horovod's sync of rank 0's state, then every
-    live optimizer without a running engine takes the most advanced survivor's replica, before the script's first
-    step computes a gradient."""
-    _HOROVOD["sync"](self)
-    _elastic.resume_early(vars(self).values())
+    """TorchState.sync (the elastic loop's start, and after each reset): every live optimizer without a running engine
+    learns which survivor's replica it takes (collective), Horovod's sync of rank 0's state follows -- less the
+    models' parameters and the optimizers' state that a replica's broadcast replaces -- and then each takes that
+    replica, before the script's first step computes a gradient."""
+    objects = list(vars(self).values())
+    plans = _elastic.plan_resumes(objects)
+    replaced = [run for run, plan, covered in plans if plan.load and covered]
+    if replaced and isinstance(getattr(self, "_handlers", None), dict):
+        _sync_but(self, [run.replica.optimizer for run in replaced])
+        for run in replaced:
+            run.sync_replaced += 1
+    else:
+        _HOROVOD["sync"](self)
+    _elastic.resume(plans)
+
+
+def _sync_but(state, optimizers):
+    """TorchState.sync without what the replicas' broadcast replaces: `optimizers`' state, and the parameters of each
+    model whose parameters are all theirs (its buffers still come from rank 0, as under Horovod); every other handler
+    and the script's own attributes as Horovod syncs them. Every rank leaves out the same (the plan is collective)."""
+    replaced = {id(p) for opt in optimizers for group in opt.param_groups for p in group["params"]}
+    for handler in state._handlers.values():
+        value = handler.value
+        if isinstance(value, torch.optim.Optimizer) and any(value is opt for opt in optimizers):
+            continue
+        if isinstance(value, torch.nn.Module) and all(id(p) in replaced for p in value.parameters()):
+            params = {name for name, _ in value.named_parameters(remove_duplicate=False)}
+            hvd.broadcast_parameters({k: v for k, v in value.state_dict().items() if k not in params}, root_rank=0)
+            continue
+        handler.sync()
+    super(TorchState, state).sync()
 
 
 def install():

@@ -275,5 +275,5 @@ print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.epoch * args.st
       f"lost={per_reset('elastic_lost_updates')} in_flight={per_reset('elastic_in_flight_updates')} "
       f"beyond_commit={per_reset('elastic_beyond_commit_updates')} "
       f"entry_is_commit={discovery.listed(commits.entry_is_commit)} lr_off={lr_off[0]} "
-      f"loads={mine.get('elastic_replica_loads', 0)}"
+      f"loads={mine.get('elastic_replica_loads', 0)} replaced={mine.get('elastic_sync_replaced', 0)}"
       f"{f' audit_off={int((np.abs(audit.seen.numpy() - epochs) > 1e-3).sum())}' if LBBSP else ''}", flush=True)

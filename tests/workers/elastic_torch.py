@@ -203,5 +203,5 @@ print(f"ELASTIC rank={hvd.rank()} size={hvd.size()} batch={state.batch} global={
       f"before_reset={listed(mine.get('elastic_before_reset_s', []))} "
       f"step_to_reset_end={listed(round(g, 3) for g in stepped['gaps'])} "
       f"entry_is_commit={listed(commits.entry_is_commit)} lr_off={stepped['lr_off']} "
-      f"loads={mine.get('elastic_replica_loads', 0)}"
+      f"loads={mine.get('elastic_replica_loads', 0)} replaced={mine.get('elastic_sync_replaced', 0)}"
       f"{audit}", flush=True)

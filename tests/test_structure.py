@@ -15,10 +15,11 @@ def test_no_module_class_or_function_over_the_size_limits():
 
 
 # Private names of libraries the package uses where they have no public twin: torch's foreach kernels and a
-# tensor's version counter (backward_push.py), os._exit (exit without Horovod's shutdown), sys._getframe.
+# tensor's version counter (backward_push.py), os._exit (exit without Horovod's shutdown), sys._getframe, and the
+# state handlers of Horovod's TorchState (torch/elastic.py: its sync, less what a survivor's replica replaces).
 LIBRARY_PRIVATES = {"torch._foreach_add", "torch._foreach_add_", "torch._foreach_copy_", "torch._foreach_div_",
                     "os._exit", "sys._getframe"}
-LIBRARY_PRIVATE_ATTRIBUTES = {"_version"}
+LIBRARY_PRIVATE_ATTRIBUTES = {"_version", "_handlers"}
 
 
 def _private_reads(path):

@@ -120,7 +120,6 @@ class KerasState(ObjectState):
             run.sync_replaced += 1
         broadcast_variables([v for v in self._variables() if id(v) not in replaced], root_rank=0,
                             name="hvd_elastic.keras.state.vars")
-        self._saved = self._values()
         plan = self._plan()
         # lbbsp: rank 0's place in the data; every rank takes part (a joiner made its dataset before the first fit)
         root = hvd.broadcast_object(plan.state_dict() if plan is not None else None, root_rank=0,
@@ -133,6 +132,7 @@ class KerasState(ObjectState):
         super().sync()
         if resume is not None:    # every rank moves to that replica before its first step computes
             run.resume(resume)
+        self._saved = self._values()   # what every rank holds now: a failure before the next commit comes back here
 
 
 def _horovod_op_failed(error: tf.errors.OpError) -> bool:

@@ -1,7 +1,8 @@
 """ElasticRun.plan_resume's choice at the state's sync (in-process, two ranks as threads; real elastic jobs:
 tests/test_elastic.py): every rank takes the most advanced survivor's replica, and loads and broadcasts it only where
 Horovod's sync has not just given every rank that same state -- it has where the replica is rank 0's and still its
-model (a change of the rank set without a restore, a gradient policy) and the sync covered this optimizer."""
+model (a change of the rank set without a restore, a gradient policy) and the sync covered this optimizer; and which
+parts of a TorchState that sync leaves out where the replica's broadcast replaces them (a Horovod process of size 1)."""
 import threading
 from types import SimpleNamespace
 
@@ -106,3 +107,41 @@ def test_the_replica_is_loaded_and_broadcast_where_the_sync_did_not_give_it(case
     # every rank holds the best survivor's snapshot (not the restored commit, not rank 0's synced model)
     assert all(np.array_equal(r.replica.weights, [1.0 + best, 2.0]) for r in runs), [r.replica.weights for r in runs]
     assert all(r.preloaded == (best, 10 + best) for r in runs)
+
+
+# One process (Horovod of size 1, in a child: the test process never initialises Horovod): which parts of a TorchState
+# hvd_elastic/torch/elastic.py's _sync_but syncs when the replicas of `replaced` optimizers will be broadcast after it.
+SYNC_BUT = r"""
+import json, sys
+import torch
+import horovod.torch as hvd
+from hvd_elastic.torch import elastic
+hvd.init()
+net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))   # the optimizer's parameters, and buffers
+other = torch.nn.Linear(2, 2)                                                # parameters the optimizer does not hold
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+state = hvd.elastic.TorchState(model=net, optimizer=opt, other=other, batch=0)
+synced, sent = [], []
+for name, handler in state._handlers.items():
+    handler.sync = lambda name=name: synced.append(name)
+hvd.broadcast_parameters = lambda params, root_rank: sent.append(sorted(params))
+elastic._sync_but(state, [opt] if sys.argv[1] == "replaced" else [])
+print(json.dumps({"synced": sorted(synced), "sent": sent}))
+"""
+
+
+@pytest.mark.parametrize("case", ["replaced", "none"])
+def test_a_torch_state_sync_leaves_out_only_what_the_replicas_broadcast_replaces(case):
+    """The optimizer's state and its model's parameters are left out (the model's buffers still broadcast from rank
+    0); a model with parameters the optimizer does not hold, and everything where no replica replaces it, as
+    Horovod syncs them."""
+    import json
+    import subprocess
+    import sys
+    res = subprocess.run([sys.executable, "-c", SYNC_BUT, case], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    if case == "replaced":
+        assert out == {"synced": ["other"], "sent": [["1.num_batches_tracked", "1.running_mean", "1.running_var"]]}
+    else:
+        assert out == {"synced": ["model", "optimizer", "other"], "sent": []}

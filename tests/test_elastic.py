@@ -35,6 +35,7 @@ from hvd_elastic import registry
 from hvd_elastic.config import POLICIES, elastic_policies, load
 from hvd_elastic.errors import ConfigError
 from hvd_elastic.horovod_env import ELASTIC_CACHE_NOTICE, ELASTIC_CACHE_WARNING
+from elastic_checks import check_replica_loads
 from launch import BIN, ROOT, job_env, run, side_by_side
 
 
@@ -182,21 +183,6 @@ def _restarted_on_the_replica(res):
         assert _per_reset(res, "entry_is_commit")[0] == 0, res.lines_with("ELASTIC rank=0 ")
 
 
-def _replica_loads(res, policy):
-    """Rank 0's resets at which the survivor's replica was loaded and broadcast: each of the four under wbsp (its
-    replica is the global model W, not the model Horovod's sync broadcast); under a gradient policy the kill's (the
-    commit was restored), not a change of the rank set without a restore, where rank 0's replica is its model and
-    Horovod's sync has just broadcast it. The state's sync leaves out rank 0's parameters and optimizer state where
-    the replica's broadcast replaces them: at each load at the sync (the kill's at least)."""
-    line = res.lines_with("ELASTIC rank=0 ")[0]
-    loads = int(re.search(r" loads=(\d+)", line).group(1))
-    if policy == "wbsp":
-        assert loads == 4, line
-    elif policy != "auto":
-        assert 1 <= loads < 4, line
-    assert 1 <= int(re.search(r" replaced=(\d+)", line).group(1)) <= loads, line
-
-
 def _survived(elastic_jobs, name):
     res, _ = elastic_jobs[name].result()
     policy = JOBS[name][0]["HVD_ELASTIC_POLICY"]
@@ -221,7 +207,7 @@ def test_a_tick_policy_survives_and_resumes_from_a_survivors_replica(elastic_job
     # each of the four resets resumed from a survivor's replica (the updates it applied), none from a commit
     resumed = _resumed(res)
     assert len(resumed) == 4 and all(r > 0 for r in resumed), resumed
-    _replica_loads(res, policy)
+    check_replica_loads(res.lines_with("ELASTIC rank=0 ")[0], policy)
     _restarted_on_the_replica(res)
     _before_reset_within_the_workers_own_gaps(res)
 
@@ -233,7 +219,7 @@ def test_zipline_resumes_from_the_survivors_replica_not_the_last_commit(elastic_
     # both ranks completed (their ticks applied), at least: 8 updates or more kept beyond the commit
     assert len(resumed) == 4 and resumed[0] >= 2 * 14 and all(r > 0 for r in resumed), resumed
     assert _per_reset(res, "beyond_commit")[0] >= 2 * 4, res.lines_with("ELASTIC rank=0 ")
-    _replica_loads(res, "zipline")
+    check_replica_loads(res.lines_with("ELASTIC rank=0 ")[0], "zipline")
     _restarted_on_the_replica(res)
     _before_reset_within_the_workers_own_gaps(res)
 
@@ -262,7 +248,7 @@ def test_keras_fit_under_a_tick_policy_survives_and_resumes_from_a_survivors_rep
     res, policy = _survived(elastic_jobs, name)
     resumed = _resumed(res)
     assert len(resumed) == 4 and all(r > 0 for r in resumed), resumed
-    _replica_loads(res, policy)
+    check_replica_loads(res.lines_with("ELASTIC rank=0 ")[0], policy)
 
 
 def test_keras_fit_under_lbbsp_survives_and_takes_every_sample_of_each_epoch_once(elastic_jobs):

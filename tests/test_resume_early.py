@@ -3,6 +3,9 @@ tests/test_elastic.py): every rank takes the most advanced survivor's replica, a
 Horovod's sync has not just given every rank that same state -- it has where the replica is rank 0's and still its
 model (a change of the rank set without a restore, a gradient policy) and the sync covered this optimizer; and which
 parts of a TorchState that sync leaves out where the replica's broadcast replaces them (a Horovod process of size 1)."""
+import json
+import subprocess
+import sys
 import threading
 from types import SimpleNamespace
 
@@ -135,9 +138,6 @@ def test_a_torch_state_sync_leaves_out_only_what_the_replicas_broadcast_replaces
     """The optimizer's state and its model's parameters are left out (the model's buffers still broadcast from rank
     0); a model with parameters the optimizer does not hold, and everything where no replica replaces it, as
     Horovod syncs them."""
-    import json
-    import subprocess
-    import sys
     res = subprocess.run([sys.executable, "-c", SYNC_BUT, case], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])

@@ -61,8 +61,9 @@ class Replica:
         """Collective: every rank's `obj`, in rank order."""
         raise NotImplementedError
 
-    def capture(self, engine) -> tuple:
-        """Copies of (the model's flat weights -- wbsp: the engine's global model --, the optimizer state)."""
+    def capture(self, global_model) -> tuple:
+        """Copies of (the replica's flat weights, the optimizer state). global_model: the update kind's global model
+        W where it keeps one (wbsp: the replica's weights are W), else None (they are the model's own)."""
         raise NotImplementedError
 
     def load(self, weights, optimizer_state):
@@ -303,9 +304,10 @@ class ElasticRun:
         engine = self.session.engine
         if engine is None or self.snapshot is not None:
             return
-        weights, optimizer_state = self.replica.capture(engine)
+        global_model = engine.updates.global_model
+        weights, optimizer_state = self.replica.capture(global_model)
         self.snapshot = Snapshot(weights, optimizer_state, engine.applied_contributions, engine.rank, engine.pushed,
-                                 [int(c) for c in engine.view.clocks], current and not engine.updates.local_step)
+                                 [int(c) for c in engine.view.clocks], current and global_model is None)
 
     def counters(self) -> dict:
         return {"elastic_resets": self.resets, "elastic_reset_s": round(self.reset_s, 3),

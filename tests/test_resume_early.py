@@ -39,7 +39,7 @@ class FakeReplica(Replica):
     def allgather(self, obj, name):
         return self.world.allgather(self.rank, obj)
 
-    def capture(self, engine):
+    def capture(self, global_model):
         return self.weights.copy(), self.momentum.copy()
 
     def load(self, weights, optimizer_state):
@@ -55,7 +55,7 @@ class FakeReplica(Replica):
 
 def _run(world, rank, applied, wbsp):
     engine = SimpleNamespace(abandoned=False, finished=False, applied_contributions=applied, rank=rank, pushed=3,
-                             view=SimpleNamespace(clocks=[3, 3]), updates=SimpleNamespace(local_step=wbsp),
+                             view=SimpleNamespace(clocks=[3, 3]), updates=SimpleNamespace(global_model=object() if wbsp else None),
                              ticker=SimpleNamespace(handoff=SimpleNamespace(hosts_announced=lambda: 0)))
     engine.abandon = lambda drain: setattr(engine, "abandoned", True)
     session = SimpleNamespace(engine=engine, rank=rank, report=None, last_step_end=0.0, follow_ranks=lambda: None)

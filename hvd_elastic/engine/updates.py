@@ -23,6 +23,7 @@ class GradientUpdates:
     replicated = True     # weights and optimizer state are the same on every rank (collective helpers may rely on it)
     align_peers = True    # peer alignment (HVD_ELASTIC_PEER_WAIT): equally fast ranks compute on the same replica
     holds_own_pushes = False   # a rank's weights hold its own pushes only once a tick delivers them
+    global_model = None        # no global model: the replica's weights are the model's own
 
     def __init__(self, buffers, numel: int, size: int,
                  apply_gradient: Optional[Callable[[Any, float, float], None]] = None, **_):

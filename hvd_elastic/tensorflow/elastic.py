@@ -20,9 +20,8 @@ class TfReplica(Replica):
     def allgather(self, obj, name):
         return hvd.allgather_object(obj, name=name)
 
-    def capture(self, engine):
-        weights = engine.buffers.numpy(engine.updates.global_model) if engine.updates.local_step \
-            else self.state.flat.weights().numpy()
+    def capture(self, global_model):
+        weights = self.state.flat.weights().numpy() if global_model is None else global_model.numpy()
         return np.array(weights, copy=True), [np.array(v.numpy(), copy=True) for v in self.state.optimizer.variables]
 
     def load(self, weights, optimizer_state):

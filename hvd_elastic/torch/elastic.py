@@ -33,8 +33,8 @@ class TorchReplica(Replica):
     def allgather(self, obj, name):
         return hvd.allgather_object(obj, name=name)
 
-    def capture(self, engine):
-        weights = engine.updates.global_model if engine.updates.local_step else self.state.flat.weights()
+    def capture(self, global_model):
+        weights = self.state.flat.weights() if global_model is None else global_model
         return weights.clone(), copy.deepcopy(self.state.base.state_dict(self.optimizer))
 
     def load(self, weights, optimizer_state):

@@ -2,8 +2,8 @@
 own address, host name and sshd), launched as on a real cluster (ssh in, TCP between hosts, no loopback shortcut).
 
 Every policy under both launchers (PyTorch), Keras model.fit under bsp and asp (horovodrun), elastic Horovod under
-every PyTorch policy, Keras model.fit under wbsp with overlap and lbbsp and a TensorFlow custom loop under auto (a
-worker killed, a host removed, a host added), and the fault paths: a rank stopped (SIGSTOP) on another host and a
+every PyTorch policy, Keras model.fit under bsp, zipline, wbsp with overlap and lbbsp and a TensorFlow custom loop
+under auto (a worker killed, a host removed, a host added), and the fault paths: a rank stopped (SIGSTOP) on another host and a
 host's link cut mid-run are named by the watchdog and end the job on every live rank (the two fault jobs run side by
 side). Needs root and `ip netns` (CI runs as root); skipped with the reason elsewhere.
 """
@@ -192,11 +192,11 @@ def test_a_cut_link_is_named_and_the_job_ends(fault_jobs):
     assert res.elapsed < STALL_S + 30, res.elapsed
 
 
-# Every policy of the PyTorch frontend (tests/workers/elastic_torch.py); keras-: Keras 3 model.fit (a gradient
+# Every policy of the PyTorch frontend (tests/workers/elastic_torch.py); keras-: Keras 3 model.fit (bsp, a gradient
 # policy with gates and barriers, wbsp, lbbsp), tensorflow-: a TensorFlow custom loop (tests/workers/elastic_keras.py).
 # The TensorFlow jobs (the heaviest start-ups) come last.
-ELASTIC_POLICIES = ("bsp", "asp", "ssp", "dssp", "zipline", "wbsp", "auto", "lbbsp", "keras-zipline", "keras-wbsp",
-                    "keras-lbbsp", "tensorflow-auto")
+ELASTIC_POLICIES = ("bsp", "asp", "ssp", "dssp", "zipline", "wbsp", "auto", "lbbsp", "keras-bsp", "keras-zipline",
+                    "keras-wbsp", "keras-lbbsp", "tensorflow-auto")
 ELASTIC_PARALLEL = 6   # side by side on two cores: each mostly waits for Horovod's driver between a worker's start-ups
 # The rank set's changes, each at a known step (--wait: every rank commits until the job has that many ranks): at step
 # 15 the worker on hvde-h3 SIGKILLs itself (the host comes back after the blacklist cooldown and a new worker joins), at

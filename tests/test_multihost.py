@@ -3,9 +3,9 @@ own address, host name and sshd), launched as on a real cluster (ssh in, TCP bet
 
 Every policy under both launchers (PyTorch), Keras model.fit under bsp and asp (horovodrun), elastic Horovod under
 every PyTorch policy, Keras model.fit under bsp, zipline, wbsp with overlap and lbbsp and a TensorFlow custom loop
-under auto (a worker killed, a host removed, a host added), and the fault paths: a rank stopped (SIGSTOP) on another host and a
-host's link cut mid-run are named by the watchdog and end the job on every live rank (the two fault jobs run side by
-side). Needs root and `ip netns` (CI runs as root); skipped with the reason elsewhere.
+under auto (a worker killed, a host removed, a host added), and the fault paths: a rank stopped (SIGSTOP) on another
+host and a host's link cut mid-run are named by the watchdog and end the job on every live rank (the two fault jobs
+run side by side). Needs root and `ip netns` (CI runs as root); skipped with the reason elsewhere.
 """
 import json
 import os

@@ -54,8 +54,9 @@ class FakeReplica(Replica):
 
 
 def _run(world, rank, applied, wbsp):
+    updates = SimpleNamespace(global_model=object() if wbsp else None)   # wbsp: the replica's weights are W
     engine = SimpleNamespace(abandoned=False, finished=False, applied_contributions=applied, rank=rank, pushed=3,
-                             view=SimpleNamespace(clocks=[3, 3]), updates=SimpleNamespace(global_model=object() if wbsp else None),
+                             view=SimpleNamespace(clocks=[3, 3]), updates=updates,
                              ticker=SimpleNamespace(handoff=SimpleNamespace(hosts_announced=lambda: 0)))
     engine.abandon = lambda drain: setattr(engine, "abandoned", True)
     session = SimpleNamespace(engine=engine, rank=rank, report=None, last_step_end=0.0, follow_ranks=lambda: None)

@@ -102,10 +102,11 @@ class SyncEngine:
         # Peer alignment (HVD_ELASTIC_PEER_WAIT) also bounds how long a tick holds pushes for ranks due to push.
         self.ticker = Ticker(self.numel, self.buffers, rank, size, frontend.allreduce_sum, tick_s=cfg.tick_ms / 1000.0,
                              epoch_ns=frontend.epoch_ns, name=frontend.tick_name, hold_fraction=cfg.peer_wait,
-                             stream=frontend.stream and not self.updates.local_step, pacing=cfg.tick_pacing,
+                             stream=frontend.stream and self.updates.streams, pacing=cfg.tick_pacing,
                              relaxed_joins=policy.relaxed_joins,
                              lockstep=policy.lockstep.new_rule() if policy.lockstep is not None else None,
                              rank_set_baseline=rank_set_baseline)
+        self.updates.observe(self.view, policy.in_lockstep, -1)   # a kind that switches may start switched
 
     # ---- per step ----------------------------------------------------------------------------------------------
     def step(self, accumulate: Optional[Callable[[Any, float], None]], compute_s: float, pushed: bool = False):
@@ -190,6 +191,8 @@ class SyncEngine:
         inflight = self._max_inflight()
         if self.ticker.clock - int(self.view.clocks[self.rank]) > inflight:
             return "comm"
+        if self.updates.holds(self.ticker.clock, self.rank):   # its next push is of a kind the ticks do not take yet
+            return "wait"
         now, sg = time.monotonic(), self._step_gate
         if sg.rule_since is None:
             sg.rule_since = now
@@ -223,7 +226,7 @@ class SyncEngine:
     def _proceed(self):
         """The rank starts its next step: what the policy asks first (a download), and the staleness bookkeeping."""
         decision = self.policy.proceeded(self._gate_input(self._max_inflight()))
-        if isinstance(decision, Download):
+        if isinstance(decision, Download) and self.updates.local_step:   # (weights that take every update need none)
             self._download(decision.keep_latest)
         self.updates.proceeding()
         if not self.updates.holds_own_pushes:
@@ -279,6 +282,7 @@ class SyncEngine:
             self.telemetry.count("ticks_applied")
         if self.policy.tick_applied(tick, self.view):
             self._check_replica()
+        self.updates.observe(self.view, self.policy.in_lockstep, tick.index)
 
     def _check_replica(self):
         """At a barrier every rank's weights are identical by construction: fold a checksum of every k-th weight,
@@ -377,6 +381,7 @@ class SyncEngine:
                **self.staleness.counters(), **self.policy.counters()}
         if not self.updates.local_step:
             out["max_inflight"] = self._max_inflight()
+        out.update(self.updates.counters())
         if self.policy.has_barriers:
             out["barrier_digest"] = self.buffers.digest_value(self._digest)
         return out

@@ -25,6 +25,7 @@ open applies every completed tick (freshest weights).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import time
 from typing import Any, Callable, Deque, Optional
@@ -98,7 +99,8 @@ class SyncEngine:
         self.staleness = Staleness()     # engine/staleness.py
         self._step_gate = _StepGate()
         self._digest = None              # running checksum of the weights at each barrier (Buffers.fold_digest)
-        self.updates = policy.updates(self.buffers, self.numel, size, **frontend.callbacks())
+        self.updates = policy.updates(self.buffers, self.numel, size, relaxed=not policy.in_lockstep,
+                                      **frontend.callbacks())
         # Peer alignment (HVD_ELASTIC_PEER_WAIT) also bounds how long a tick holds pushes for ranks due to push.
         self.ticker = Ticker(self.numel, self.buffers, rank, size, frontend.allreduce_sum, tick_s=cfg.tick_ms / 1000.0,
                              epoch_ns=frontend.epoch_ns, name=frontend.tick_name, hold_fraction=cfg.peer_wait,
@@ -106,7 +108,6 @@ class SyncEngine:
                              relaxed_joins=policy.relaxed_joins,
                              lockstep=policy.lockstep.new_rule() if policy.lockstep is not None else None,
                              rank_set_baseline=rank_set_baseline)
-        self.updates.observe(self.view, policy.in_lockstep, -1)   # a kind that switches may start switched
 
     # ---- per step ----------------------------------------------------------------------------------------------
     def step(self, accumulate: Optional[Callable[[Any, float], None]], compute_s: float, pushed: bool = False):
@@ -187,18 +188,16 @@ class SyncEngine:
         """Why this rank may not start its next step: "comm" while more than max_inflight of its own pushes have
         not come back in a tick (a parameter-server worker reads weights that include its own updates; without this
         bound a fast rank would pile up gradients computed on the same stale weights), "wait" while the policy's
-        rule or peer alignment holds it for other ranks, None when it may go."""
+        rule, peer alignment or a switch of the update kind holds it for other ranks, None when it may go."""
         inflight = self._max_inflight()
         if self.ticker.clock - int(self.view.clocks[self.rank]) > inflight:
             return "comm"
-        if self.updates.holds(self.ticker.clock, self.rank):   # its next push is of a kind the ticks do not take yet
-            return "wait"
         now, sg = time.monotonic(), self._step_gate
         if sg.rule_since is None:
             sg.rule_since = now
             self.policy.rule_starts(self._gate_input(inflight))
-        if self.policy.waits(self._gate_input(inflight)):
-            return "wait"
+        if self.policy.waits(self._gate_input(inflight)) or self.updates.holds(self.ticker.clock, self.rank):
+            return "wait"   # the policy's rule, or a switch of the update kind (engine/updates.py) holds it
         if sg.peer_since is None:
             sg.peer_since = now
         return "wait" if self.policy.waits_for_peers(self._gate_input(inflight, now - sg.peer_since)) else None
@@ -368,20 +367,17 @@ class SyncEngine:
         change of the rank set, those completed before the stop, on every rank). Pushes not in a completed tick are
         dropped -- on every rank alike: every rank's engine stops, and the next starts from one state broadcast to
         all."""
-        if drain:
-            try:
+        if drain:   # TickerError: the ticks failed (nothing more applied), or every tick before the stop is applied
+            with contextlib.suppress(TickerError):
                 self._pull(block=False, until_open=False)
-            except TickerError:    # the ticks failed (nothing more applied), or every tick before the stop is applied
-                pass
         self.abandoned = True
         self.ticker.abandon()
 
     def _counters(self) -> dict:
         out = {**self.ticker.counters(), "pushed": self.pushed, "applied_contributions": self.applied_contributions,
-               **self.staleness.counters(), **self.policy.counters()}
+               **self.staleness.counters(), **self.policy.counters(), **self.updates.counters()}
         if not self.updates.local_step:
             out["max_inflight"] = self._max_inflight()
-        out.update(self.updates.counters())
         if self.policy.has_barriers:
             out["barrier_digest"] = self.buffers.digest_value(self._digest)
         return out

@@ -176,13 +176,18 @@ class GradientsThenDeltas:
     align_peers = False   # wbsp's rule: no peer alignment (and none in lock-step)
     streams = False       # the kind of a step's push is known only when the step ends
 
-    def __init__(self, buffers, numel: int, size: int, **callbacks):
+    def __init__(self, buffers, numel: int, size: int, relaxed: bool = False, **callbacks):
+        """relaxed: the ranks start relaxed (no lock-step fallback: HVD_ELASTIC_RELAX_MIN_GAIN=0), deltas from the
+        first push."""
         self._args, self._callbacks = (buffers, numel, size), callbacks
         self.current = GradientUpdates(buffers, numel, size, **callbacks)
         self.deltas = False
         self.first_delta = None     # per rank, the clock of its first delta push, once the switch is decided
         self.deltas_from_tick = -1  # the first tick that may carry deltas (-1: none yet)
         self.gradient_pushes = 0    # this rank's pushes of gradients
+        if relaxed:
+            self.to_deltas()
+            self.deltas_from_tick = 0
 
     def to_deltas(self):
         """From the next push on, deltas: W and base from this rank's weights (those of every rank: the replica)."""
@@ -221,8 +226,7 @@ class GradientsThenDeltas:
         if self.first_delta is None:
             if in_lockstep:
                 return
-            # tick_index -1: the engine starts relaxed (HVD_ELASTIC_RELAX_MIN_GAIN=0), no rank has pushed
-            self.first_delta = view.clocks + (1 if tick_index < 0 else 2)
+            self.first_delta = view.clocks + 2
         if ((view.clocks >= self.first_delta - 1) | view.finished).all():
             self.to_deltas()
             self.deltas_from_tick = tick_index + 1

@@ -305,11 +305,12 @@ class SyncEngine:
     # ---- collective helpers ------------------------------------------------------------------------------------
     def sync_replicas(self, max_over_ranks: Callable[[int], int]):
         """Collective, finish-free: every rank applies exactly the ticks completed on any rank when it is called, so
-        under the gradient policies weights and optimizer state are identical on every rank when it returns.
+        under the gradient policies (and auto's gradients) weights and optimizer state are identical on every rank when
+        it returns.
         Pushed updates not in those ticks stay pending and are applied later, on every rank alike.
         ``max_over_ranks(n)``: the largest n of all ranks (the frontend's allgather). A no-op where replicas are not
         shared (wbsp: optimizer state is per rank by design) and once finished."""
-        if self.finished or not self.updates.replicated:
+        if self.finished or not self.updates.syncs_replicas:
             return
         with self.telemetry.span("wait"):
             completed = self.ticker.ticks          # ticks 0 .. completed-1 have completed on this rank

@@ -38,7 +38,9 @@ class GradientUpdates(_OneKind):
     """Push gradients, apply every tick with the optimizer on the shared replica."""
 
     local_step = False    # the frontend runs no optimizer step of its own before the push
-    replicated = True     # weights and optimizer state are the same on every rank (collective helpers may rely on it)
+    # weights and optimizer state are the same on every rank once every rank applied the same ticks: the engine's
+    # sync_replicas (a collective, so fixed for the run) brings them there
+    syncs_replicas = True
     align_peers = True    # peer alignment (HVD_ELASTIC_PEER_WAIT): equally fast ranks compute on the same replica
     holds_own_pushes = False   # a rank's weights hold its own pushes only once a tick delivers them
     global_model = None        # no global model: the replica's weights are the model's own
@@ -87,7 +89,7 @@ class DeltaUpdates(_OneKind):
     scratch buffer more.)"""
 
     local_step = True
-    replicated = False    # optimizer state is per rank by design
+    syncs_replicas = False    # optimizer state is per rank by design
     align_peers = False
     holds_own_pushes = True    # the rank's own copy holds each delta it uploads (see staleness.py)
     push_scale = 1.0           # deltas are pushed as they are; apply() averages them into W
@@ -174,6 +176,9 @@ class GradientsThenDeltas:
     deltas (DeltaUpdates in lock-step: with SGD, BSP's step; docs/design.md, "auto")."""
 
     align_peers = False   # wbsp's rule: no peer alignment (and none in lock-step)
+    # sync_replicas is a collective: every rank makes it, whichever side of the switch it has applied (under deltas
+    # it brings every rank's W to the same ticks, which changes nothing the ranks compute on)
+    syncs_replicas = True
     streams = False       # the kind of a step's push is known only when the step ends
 
     def __init__(self, buffers, numel: int, size: int, relaxed: bool = False, **callbacks):
@@ -196,7 +201,6 @@ class GradientsThenDeltas:
 
     # what the engine and the frontends read: the current kind's
     local_step = property(lambda self: self.current.local_step)
-    replicated = property(lambda self: self.current.replicated)
     holds_own_pushes = property(lambda self: self.current.holds_own_pushes)
     global_model = property(lambda self: self.current.global_model)
     push_scale = property(lambda self: self.current.push_scale)

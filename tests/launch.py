@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,17 +90,22 @@ def launch(launcher, np, script, args=(), env=None, timeout=120) -> Result:
 
 
 def run(cmd, env, timeout) -> Result:
-    """Run a command line from the repository root with exactly `env`; kill its process group after `timeout` s."""
+    """Run a command line from the repository root with `env`; kill its process group after `timeout` s. Each run
+    gets an OpenMPI session directory of its own (OMPI_MCA_orte_tmpdir_base, unless `env` names one): mpiruns that
+    start at once race to create the shared /tmp/ompi.<host>.<uid>, and the loser's orte_init fails ("File
+    exists")."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=env, cwd=ROOT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        timed_out = True
+    with tempfile.TemporaryDirectory(prefix="hvde-ompi-", ignore_cleanup_errors=True) as session_dir:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env={"OMPI_MCA_orte_tmpdir_base": session_dir, **env}, cwd=ROOT, text=True,
+                                start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            timed_out = True
     return Result(proc.returncode, out, time.perf_counter() - t0, timed_out)
 
 

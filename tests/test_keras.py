@@ -91,7 +91,8 @@ def test_relaxed_policies_under_fit_keep_replicas_identical_and_lose_nothing(fit
 def test_auto_under_fit_and_horovodrun_keeps_replicas_identical_and_loses_nothing(tmp_path):
     """Policy auto (wbsp with overlap and the lock-step fallback) under model.fit, horovodrun --gloo, rank 1 ten
     times slower: both ranks make the same switches between lock-step and wbsp with overlap (at least the one out of
-    lock-step once its cost is measured; gradients before it, deltas after), every upload is in the final model once, and both ranks end on it."""
+    lock-step once its cost is measured; gradients before it, deltas after), every upload is in the final model
+    once, and both ranks end on it."""
     _, ranks = _run("horovodrun", tmp_path, ["--mode", "policies", "--policies", "auto", "--target", "600"],
                     env=STRAGGLER)
     runs = [r["runs"][0] for r in ranks]

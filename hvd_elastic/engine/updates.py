@@ -11,7 +11,7 @@ and the engine (engine.py) holds one instance, so no code asks which kind it run
 
 - :class:`GradientsThenDeltas` (auto): gradients while the ranks go in lock-step from the start (Horovod's
   arithmetic on one replica), deltas from the first switch to the relaxed mode on (:meth:`to_deltas`, at a tick
-  every rank applies: engine.py ``_KindSwitch``).
+  every rank applies: :meth:`GradientsThenDeltas.observe`).
 
 All work on the frontend's buffers (engine/buffers.py) and the callbacks the frontend gives the engine.
 """
@@ -171,8 +171,9 @@ class GradientsThenDeltas:
     While the ranks go in lock-step from the start, each round's tick sums the ranks' gradients and every rank applies
     it with its optimizer: Horovod's arithmetic, bit for bit where n is a power of two (GradientUpdates), and no model
     delta to take or global model to keep. At the first switch to the relaxed mode every rank's last gradient lands
-    first, then :meth:`to_deltas` runs at the tick where they are all in, on every rank (:meth:`observe`): weights and optimizer state are then the same everywhere, so W and base start at them and each rank's optimizer
-    state goes on as its own (wbsp's semantics). The switch is one way: lock-step after a relaxed phase uploads
+    first, then :meth:`to_deltas` runs at the tick where they are all in, on every rank (:meth:`observe`): weights
+    and optimizer state are then the same everywhere, so W and base start at them and each rank's optimizer state
+    goes on as its own (wbsp's semantics). The switch is one way: lock-step after a relaxed phase uploads
     deltas (DeltaUpdates in lock-step: with SGD, BSP's step; docs/design.md, "auto")."""
 
     align_peers = False   # wbsp's rule: no peer alignment (and none in lock-step)

@@ -198,6 +198,10 @@ def test_a_cut_link_is_named_and_the_job_ends(fault_jobs):
 ELASTIC_POLICIES = ("bsp", "asp", "ssp", "dssp", "zipline", "wbsp", "auto", "lbbsp", "keras-bsp", "keras-zipline",
                     "keras-wbsp", "keras-lbbsp", "tensorflow-auto")
 ELASTIC_PARALLEL = 6   # side by side on two cores: each mostly waits for Horovod's driver between a worker's start-ups
+# model.fit under a tick policy trains on while a wait is not met, each step slowed to this (tests/workers/
+# elastic_keras.py): the last wait's 20 steps give the re-added worker 120 s to join; beside 5 other jobs a reset
+# took 91 s, more than the worker's default 20 x 3 s
+KERAS_WAIT_SLEEP_S = 6
 # The rank set's changes, each at a known step (--wait: every rank commits until the job has that many ranks): at step
 # 15 the worker on hvde-h3 SIGKILLs itself (the host comes back after the blacklist cooldown and a new worker joins), at
 # step 30 hvde-h3 leaves the discovery file (its worker is removed), at step 40 it is listed again (one is added).
@@ -224,7 +228,8 @@ def _elastic_job(folder, policy):
            "--network-interface", "hvde0", os.path.join(BIN, "python"),
            os.path.join(ROOT, "tests", "workers", worker), "--hosts-file", str(hosts), "--np", "3",
            "--host-names", ",".join(HOSTS[:3]), *map(str, ELASTIC_CHURN),
-           *({"torch": [], "keras": ["--steps-per-epoch", "20"], "tensorflow": ["--custom-loop"]}[frontend])]
+           *({"torch": [], "keras": ["--steps-per-epoch", "20", "--wait-sleep", str(KERAS_WAIT_SLEEP_S)],
+              "tensorflow": ["--custom-loop"]}[frontend])]
     env = {"HVD_ELASTIC_POLICY": policy, **({"HVD_ELASTIC_WBSP_OVERLAP": "1"} if policy == "wbsp" else {})}
     return lambda: run(cmd, job_env(env), timeout=600)
 

@@ -68,10 +68,11 @@ def run_check_case(worker_run, case, tmp_path, grad_atol):
         assert "draw one batch per step" in r["prefetch_error"], r["prefetch_error"][-500:]
     sizes = np.array([s["sizes"] for s in ranks[0]["steps"]])
     assert len({tuple(s) for s in sizes}) > 1, "the sizes never changed"
-    # rank 2 (five times the others' per-sample delay) gets the smallest share, under B/n; how ranks 0 and 1 split
-    # the rest follows the machine's load (rank 0 also computes the reference gradient)
+    # rank 2 (five times the others' per-sample delay) gets less than B/n and less than rank 1 (the same work per
+    # sample as rank 0); rank 0 also computes the reference gradient each step, a cost of its own that grows with the
+    # machine's load (on a loaded machine its share fell below rank 2's), so its share is not compared
     last = sizes[-5:].mean(axis=0)
-    assert last[2] < B / n and last[2] < min(last[0], last[1]), sizes[-5:]
+    assert last[2] < B / n and last[2] < last[1], sizes[-5:]
     for e in range(epochs):
         seen = sorted(i for r in ranks for i in r["indices"][e])
         if "--pad" in extra:   # every sample at least once; the last global batch is completed from the start

@@ -92,9 +92,12 @@ def main():
         return state.steps if lockstep else hvde.global_steps(opt)
 
     def weights():
-        if spec is not None and spec.deltas:
+        if spec is not None and spec.deltas:   # W under deltas (wbsp; auto once its updates are deltas)
             engine = state_of(opt).session.engine
-            return None if engine is None else engine.updates.global_model.detach().to(torch.float32).clone()
+            if engine is None:
+                return None
+            if engine.updates.global_model is not None:
+                return engine.updates.global_model.detach().to(torch.float32).clone()
         return torch.cat([p.detach().reshape(-1) for p in params])
 
     rng = np.random.default_rng([args.seed, os.getpid()])

@@ -104,16 +104,15 @@ def main():
         # in steps of --batch-size samples (an lbbsp step of B samples counts `size` of them)
         return local * size if policy == "horovod" else hvde.global_steps(opt)
 
-    if spec is not None and spec.deltas:
-        # the global model W the ranks download (trainable parameters flattened in model.parameters() order);
-        # every tick updates it in place, the copy keeps this snapshot's values
-        updates = state_of(opt).session.engine.updates
+    updates = state_of(opt).session.engine.updates if spec is not None and spec.deltas else None
 
-        def weights():
+    def weights():
+        # under deltas the global model W the ranks download (trainable parameters flattened in model.parameters()
+        # order; every tick updates it in place, the copy keeps this snapshot's values); auto has W only once its
+        # updates are deltas
+        if updates is not None and updates.global_model is not None:
             return updates.global_model.detach().to(torch.float32).clone()
-    else:
-        def weights():
-            return torch.cat([p.detach().reshape(-1) for p in params])
+        return torch.cat([p.detach().reshape(-1) for p in params])
 
     def accuracy():
         with torch.no_grad():

@@ -43,6 +43,8 @@ class Policy:
     lockstep: every rank takes every step together through one allreduce per step (bsp, lbbsp); otherwise the
     policy runs the sync engine's ticks and ``rule`` names its rule class (``module:Class``).
     deltas: the rank takes a local optimizer step and pushes the model delta (wbsp); otherwise it pushes gradients.
+    lockstep_gradients: a delta policy whose ranks push gradients while they go in lock-step from the start, deltas
+    from its first relaxed round on (auto: engine/updates.py GradientsThenDeltas).
     horovod_optimizer: the optimizer is Horovod's own, with every Horovod argument (bsp).
     balances_batches: per-rank batch sizes re-sized every step under a fixed global batch (lbbsp).
     knobs: the knobs it reads besides COMMON_KNOBS; knobs_when: (knob, switch) pairs, a knob of `knobs` read only
@@ -58,6 +60,7 @@ class Policy:
     lockstep: bool
     rule: str = ""
     deltas: bool = False
+    lockstep_gradients: bool = False
     horovod_optimizer: bool = False
     balances_batches: bool = False
     knobs: Tuple[str, ...] = ()
@@ -117,7 +120,7 @@ REGISTRY: Dict[str, Policy] = {p.name: p for p in (
            refuses=_TICK_REFUSES, elastic=FRONTENDS),
     Policy("auto", "lock-step at BSP's pace where no rank waits, wbsp with overlap where ranks would: the lock-step "
            "fallback chooses from measurements", lockstep=False, rule=_RULES + "wbsp:Wbsp", deltas=True,
-           knobs=("relax_min_gain",) + TICK_KNOBS, refuses=_TICK_REFUSES, elastic=FRONTENDS,
+           lockstep_gradients=True, knobs=("relax_min_gain",) + TICK_KNOBS, refuses=_TICK_REFUSES, elastic=FRONTENDS,
            presets=(("wbsp_overlap", True), ("wbsp_lockstep", True))),
 )}
 NAMES: Tuple[str, ...] = tuple(REGISTRY)

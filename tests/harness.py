@@ -117,7 +117,6 @@ class _Rank:
                             write_params=self._write)
         self.engine = SyncEngine(make_policy(cfg, rank, n), rank, n, frontend, self.telemetry, cfg)
         self.engine.stall_timeout_s = 30.0
-        self.local_step = self.engine.updates.local_step
         self.steps = 0
 
     def _apply(self, update, scale, share):
@@ -141,7 +140,7 @@ class _Rank:
             if d > 0:
                 time.sleep(d)
             g = self.a @ self.w - self.b
-            if self.local_step:   # delta policies: a local SGD step, then the engine uploads the delta
+            if self.engine.updates.local_step:   # deltas: a local SGD step, then the engine uploads the delta
                 self.w -= LR * g
                 self.engine.step(None, d)
             else:

@@ -91,7 +91,8 @@ def test_relaxed_policies_under_fit_keep_replicas_identical_and_lose_nothing(fit
 def test_auto_under_fit_and_horovodrun_keeps_replicas_identical_and_loses_nothing(tmp_path):
     """Policy auto (wbsp with overlap and the lock-step fallback) under model.fit, horovodrun --gloo, rank 1 ten
     times slower: both ranks make the same switches between lock-step and wbsp with overlap (at least the one out of
-    lock-step once its cost is measured), every upload is in the final model once, and both ranks end on it."""
+    lock-step once its cost is measured; gradients before it, deltas after), every upload is in the final model
+    once, and both ranks end on it."""
     _, ranks = _run("horovodrun", tmp_path, ["--mode", "policies", "--policies", "auto", "--target", "600"],
                     env=STRAGGLER)
     runs = [r["runs"][0] for r in ranks]
@@ -99,6 +100,9 @@ def test_auto_under_fit_and_horovodrun_keeps_replicas_identical_and_loses_nothin
     assert {run["policy"] for run in runs} == {"auto"}
     assert counters[0]["lockstep_switches"] >= 1, counters[0]
     assert len({(c["lockstep_switches"], tuple(c["lockstep_switch_pushes"])) for c in counters}) == 1, counters
+    # gradients while in lock-step from the start, then deltas from one tick on (model.fit in defer mode throughout)
+    assert len({c["deltas_from_tick"] for c in counters}) == 1 and counters[0]["deltas_from_tick"] > 0, counters
+    assert all(0 < c["gradient_pushes"] < c["pushed"] for c in counters), counters
     pushed = sum(c["pushed"] for c in counters)
     assert pushed >= 600 and all(c["applied_contributions"] == pushed for c in counters), counters
     assert runs[0]["weights_sha256"] == runs[1]["weights_sha256"] and runs[0]["accuracy"] > 0.8, runs[0]["accuracy"]

@@ -207,3 +207,43 @@ def test_in_lockstep_the_tick_thread_sleeps_while_the_training_thread_runs_the_t
     for c in run.counters:
         assert c["inline_ticks"] >= STEPS - 2, c
         assert c["tick_thread_wakeups"] <= STEPS // 5 + rechecks, c    # about 1.5 a tick when woken
+
+
+def test_auto_in_lockstep_pushes_gradients_onto_one_replica_as_bsp(lockstep_throughout):
+    """auto while the ranks go in lock-step from the start: every push is a gradient, each round's sum applied with
+    the optimizer on every rank's replica (no local step, no delta, no global model W): BSP's weights."""
+    sched = [s[:STEPS] for s in SCHEDULES["straggler"]]
+    run = run_job("auto", sched)
+    ref = bsp_reference(len(sched), STEPS, np.zeros_like(run.weights()[0]))
+    for w in run.weights():
+        np.testing.assert_allclose(w, ref, rtol=0, atol=1e-12)
+    assert all(c["gradient_pushes"] == c["pushed"] == STEPS and c["deltas_from_tick"] == -1 for c in run.counters), \
+        run.counters
+    assert all(e.updates.global_model is None and not e.updates.local_step for e in run.engines)
+
+
+def test_auto_goes_from_gradients_to_deltas_at_one_tick_and_loses_no_update():
+    """A 10x straggler: the ranks relax after their SETTLE lock-step pushes, and auto's updates go from gradients to
+    deltas at one tick, the same on every rank: each rank pushed gradients until the switch was decided, and its
+    push after (the one possibly made before it saw the switch), then deltas only. Every push of every rank is
+    applied on every rank (no tick mixed the two kinds: a mixed tick would not add up), the ranks end on one
+    global model, and the fast ranks ran ahead of the straggler."""
+    run = run_job("auto", [[0.005]] * 3 + [[0.05]], target=600)
+    c = run.counters
+    _same_on_every_rank(c)
+    assert c[0]["lockstep_switch_pushes"][:1] == [4 * Lockstep.SETTLE], c[0]
+    first = c[0]["deltas_from_tick"]
+    assert first > 0 and all(cc["deltas_from_tick"] == first for cc in c), c
+    assert all(Lockstep.SETTLE < cc["gradient_pushes"] <= Lockstep.SETTLE + 2 for cc in c), c
+    assert all(cc["applied_contributions"] == run.pushed() for cc in c), (run.pushed(), c)
+    assert all(e.updates.local_step and e.updates.global_model is not None for e in run.engines)
+    for w in run.weights()[1:]:
+        np.testing.assert_array_equal(w, run.weights()[0])
+    assert min(run.steps[:3]) > 2 * run.steps[3], run.steps
+
+
+def test_auto_that_never_goes_in_lockstep_pushes_deltas_from_its_first_step():
+    """HVD_ELASTIC_RELAX_MIN_GAIN=0 (no lock-step fallback): auto is wbsp with overlap from the first push."""
+    run = run_job("auto", [[0.005]] * 3 + [[0.02]], target=120, relax_min_gain=0)
+    assert all(c["gradient_pushes"] == 0 and c["deltas_from_tick"] == 0 for c in run.counters), run.counters
+    assert all(c["applied_contributions"] == run.pushed() for c in run.counters), run.counters

@@ -178,13 +178,16 @@ def test_wbsp_downloads_only_models_that_include_the_slowest_upload(straggler_ru
 
 
 def test_auto_leaves_lockstep_under_a_persistent_straggler_and_keeps_the_invariants(straggler_runs):
-    """auto (wbsp with overlap and the lock-step fallback): lock-step until lock-step's cost is measured, then wbsp
-    with overlap for most of the run, the same switches on every rank; every upload in the global model once, the
-    same final model everywhere, and the fast ranks ahead of the 10x straggler (in lock-step they would take its
-    steps)."""
+    """auto (wbsp with overlap and the lock-step fallback): lock-step until lock-step's cost is measured, its rounds
+    gradients on one replica, then wbsp with overlap (deltas) for most of the run, the same switches on every rank;
+    every upload in the global model once, the same final model everywhere, and the fast ranks ahead of the 10x
+    straggler (in lock-step they would take its steps)."""
     reports = _common_invariants(straggler_runs["auto"], "auto")
     counters = [rep["counters"] for rep in reports]
     assert len({(c["lockstep_switches"], tuple(c["lockstep_switch_pushes"])) for c in counters}) == 1, counters
     c = counters[0]
     assert c["lockstep_switches"] >= 1 and c["lockstep_share"] < 0.5, c
+    # gradients in the first lock-step rounds, deltas from one tick on, the same on every rank
+    assert len({cc["deltas_from_tick"] for cc in counters}) == 1 and c["deltas_from_tick"] > 0, counters
+    assert all(0 < cc["gradient_pushes"] < cc["pushed"] for cc in counters), counters
     assert min(rep["steps"] for rep in reports[:3]) > 1.2 * reports[3]["steps"], [rep["steps"] for rep in reports]

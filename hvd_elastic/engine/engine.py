@@ -25,6 +25,7 @@ open applies every completed tick (freshest weights).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import time
 from typing import Any, Callable, Deque, Optional
@@ -98,11 +99,12 @@ class SyncEngine:
         self.staleness = Staleness()     # engine/staleness.py
         self._step_gate = _StepGate()
         self._digest = None              # running checksum of the weights at each barrier (Buffers.fold_digest)
-        self.updates = policy.updates(self.buffers, self.numel, size, **frontend.callbacks())
+        self.updates = policy.updates(self.buffers, self.numel, size, relaxed=not policy.in_lockstep,
+                                      **frontend.callbacks())
         # Peer alignment (HVD_ELASTIC_PEER_WAIT) also bounds how long a tick holds pushes for ranks due to push.
         self.ticker = Ticker(self.numel, self.buffers, rank, size, frontend.allreduce_sum, tick_s=cfg.tick_ms / 1000.0,
                              epoch_ns=frontend.epoch_ns, name=frontend.tick_name, hold_fraction=cfg.peer_wait,
-                             stream=frontend.stream and not self.updates.local_step, pacing=cfg.tick_pacing,
+                             stream=frontend.stream and self.updates.streams, pacing=cfg.tick_pacing,
                              relaxed_joins=policy.relaxed_joins,
                              lockstep=policy.lockstep.new_rule() if policy.lockstep is not None else None,
                              rank_set_baseline=rank_set_baseline)
@@ -186,7 +188,7 @@ class SyncEngine:
         """Why this rank may not start its next step: "comm" while more than max_inflight of its own pushes have
         not come back in a tick (a parameter-server worker reads weights that include its own updates; without this
         bound a fast rank would pile up gradients computed on the same stale weights), "wait" while the policy's
-        rule or peer alignment holds it for other ranks, None when it may go."""
+        rule, peer alignment or a switch of the update kind holds it for other ranks, None when it may go."""
         inflight = self._max_inflight()
         if self.ticker.clock - int(self.view.clocks[self.rank]) > inflight:
             return "comm"
@@ -194,8 +196,8 @@ class SyncEngine:
         if sg.rule_since is None:
             sg.rule_since = now
             self.policy.rule_starts(self._gate_input(inflight))
-        if self.policy.waits(self._gate_input(inflight)):
-            return "wait"
+        if self.policy.waits(self._gate_input(inflight)) or self.updates.holds(self.ticker.clock, self.rank):
+            return "wait"   # the policy's rule, or a switch of the update kind (engine/updates.py) holds it
         if sg.peer_since is None:
             sg.peer_since = now
         return "wait" if self.policy.waits_for_peers(self._gate_input(inflight, now - sg.peer_since)) else None
@@ -223,7 +225,7 @@ class SyncEngine:
     def _proceed(self):
         """The rank starts its next step: what the policy asks first (a download), and the staleness bookkeeping."""
         decision = self.policy.proceeded(self._gate_input(self._max_inflight()))
-        if isinstance(decision, Download):
+        if isinstance(decision, Download) and self.updates.local_step:   # (weights that take every update need none)
             self._download(decision.keep_latest)
         self.updates.proceeding()
         if not self.updates.holds_own_pushes:
@@ -279,6 +281,7 @@ class SyncEngine:
             self.telemetry.count("ticks_applied")
         if self.policy.tick_applied(tick, self.view):
             self._check_replica()
+        self.updates.observe(self.view, self.policy.in_lockstep, tick.index)
 
     def _check_replica(self):
         """At a barrier every rank's weights are identical by construction: fold a checksum of every k-th weight,
@@ -302,11 +305,12 @@ class SyncEngine:
     # ---- collective helpers ------------------------------------------------------------------------------------
     def sync_replicas(self, max_over_ranks: Callable[[int], int]):
         """Collective, finish-free: every rank applies exactly the ticks completed on any rank when it is called, so
-        under the gradient policies weights and optimizer state are identical on every rank when it returns.
+        under the gradient policies (and auto's gradients) weights and optimizer state are identical on every rank when
+        it returns.
         Pushed updates not in those ticks stay pending and are applied later, on every rank alike.
         ``max_over_ranks(n)``: the largest n of all ranks (the frontend's allgather). A no-op where replicas are not
         shared (wbsp: optimizer state is per rank by design) and once finished."""
-        if self.finished or not self.updates.replicated:
+        if self.finished or not self.updates.syncs_replicas:
             return
         with self.telemetry.span("wait"):
             completed = self.ticker.ticks          # ticks 0 .. completed-1 have completed on this rank
@@ -364,17 +368,15 @@ class SyncEngine:
         change of the rank set, those completed before the stop, on every rank). Pushes not in a completed tick are
         dropped -- on every rank alike: every rank's engine stops, and the next starts from one state broadcast to
         all."""
-        if drain:
-            try:
+        if drain:   # TickerError: the ticks failed (nothing more applied), or every tick before the stop is applied
+            with contextlib.suppress(TickerError):
                 self._pull(block=False, until_open=False)
-            except TickerError:    # the ticks failed (nothing more applied), or every tick before the stop is applied
-                pass
         self.abandoned = True
         self.ticker.abandon()
 
     def _counters(self) -> dict:
         out = {**self.ticker.counters(), "pushed": self.pushed, "applied_contributions": self.applied_contributions,
-               **self.staleness.counters(), **self.policy.counters()}
+               **self.staleness.counters(), **self.policy.counters(), **self.updates.counters()}
         if not self.updates.local_step:
             out["max_inflight"] = self._max_inflight()
         if self.policy.has_barriers:

@@ -1,4 +1,4 @@
-"""The two kinds of update a relaxed policy exchanges, one class each; a policy names its kind (``Policy.updates``)
+"""The kinds of update a relaxed policy exchanges, one class each; a policy names its kind (``Policy.updates``)
 and the engine (engine.py) holds one instance, so no code asks which kind it runs.
 
 - :class:`GradientUpdates` (asp, ssp, dssp, zipline): each step pushes this rank's gradient / n (BSP's average:
@@ -9,21 +9,42 @@ and the engine (engine.py) holds one instance, so no code asks which kind it run
   and pushes model deltas; the engine keeps the global model W (W += tick sum / n), which a rank downloads into its
   copy when the policy says so.
 
-Both work on the frontend's buffers (engine/buffers.py) and the callbacks the frontend gives the engine.
+- :class:`GradientsThenDeltas` (auto): gradients while the ranks go in lock-step from the start (Horovod's
+  arithmetic on one replica), deltas from the first switch to the relaxed mode on (:meth:`to_deltas`, at a tick
+  every rank applies: :meth:`GradientsThenDeltas.observe`).
+
+All work on the frontend's buffers (engine/buffers.py) and the callbacks the frontend gives the engine.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
 
-class GradientUpdates:
+class _OneKind:
+    """An update kind that never switches."""
+
+    def observe(self, view, in_lockstep: bool, tick_index: int):
+        """A tick was applied (the kind that switches decides there); nothing for a fixed kind."""
+
+    def holds(self, clock: int, rank: int) -> bool:
+        """Must this rank wait before its next push for the kind to switch? Never for a fixed kind."""
+        return False
+
+    def counters(self) -> dict:
+        return {}
+
+
+class GradientUpdates(_OneKind):
     """Push gradients, apply every tick with the optimizer on the shared replica."""
 
     local_step = False    # the frontend runs no optimizer step of its own before the push
-    replicated = True     # weights and optimizer state are the same on every rank (collective helpers may rely on it)
+    # weights and optimizer state are the same on every rank once every rank applied the same ticks: the engine's
+    # sync_replicas (a collective, so fixed for the run) brings them there
+    syncs_replicas = True
     align_peers = True    # peer alignment (HVD_ELASTIC_PEER_WAIT): equally fast ranks compute on the same replica
     holds_own_pushes = False   # a rank's weights hold its own pushes only once a tick delivers them
     global_model = None        # no global model: the replica's weights are the model's own
+    streams = True             # a frontend may hand the gradient over while backward produces it
 
     def __init__(self, buffers, numel: int, size: int,
                  apply_gradient: Optional[Callable[[Any, float, float], None]] = None, **_):
@@ -55,7 +76,7 @@ class GradientUpdates:
         pass
 
 
-class DeltaUpdates:
+class DeltaUpdates(_OneKind):
     """Push model deltas of this rank's own copy; keep the global model and download it.
 
     Buffers: the global model W and ``base`` -- the weights the next delta is measured from (those of the last upload
@@ -68,10 +89,11 @@ class DeltaUpdates:
     scratch buffer more.)"""
 
     local_step = True
-    replicated = False    # optimizer state is per rank by design
+    syncs_replicas = False    # optimizer state is per rank by design
     align_peers = False
     holds_own_pushes = True    # the rank's own copy holds each delta it uploads (see staleness.py)
     push_scale = 1.0           # deltas are pushed as they are; apply() averages them into W
+    streams = False
 
     def __init__(self, buffers, numel: int, size: int, read_params: Optional[Callable[[], Any]] = None,
                  write_params: Optional[Callable[[Any], None]] = None,
@@ -141,3 +163,92 @@ class DeltaUpdates:
 
     def finish(self):
         self.download()
+
+
+class GradientsThenDeltas:
+    """auto's updates: :class:`GradientUpdates` until :meth:`to_deltas`, :class:`DeltaUpdates` from then on.
+
+    While the ranks go in lock-step from the start, each round's tick sums the ranks' gradients and every rank applies
+    it with its optimizer: Horovod's arithmetic, bit for bit where n is a power of two (GradientUpdates), and no model
+    delta to take or global model to keep. At the first switch to the relaxed mode every rank's last gradient lands
+    first, then :meth:`to_deltas` runs at the tick where they are all in, on every rank (:meth:`observe`): weights
+    and optimizer state are then the same everywhere, so W and base start at them and each rank's optimizer state
+    goes on as its own (wbsp's semantics). The switch is one way: lock-step after a relaxed phase uploads
+    deltas (DeltaUpdates in lock-step: with SGD, BSP's step; docs/design.md, "auto")."""
+
+    align_peers = False   # wbsp's rule: no peer alignment (and none in lock-step)
+    # sync_replicas is a collective: every rank makes it, whichever side of the switch it has applied (under deltas
+    # it brings every rank's W to the same ticks, which changes nothing the ranks compute on)
+    syncs_replicas = True
+    streams = False       # the kind of a step's push is known only when the step ends
+
+    def __init__(self, buffers, numel: int, size: int, relaxed: bool = False, **callbacks):
+        """relaxed: the ranks start relaxed (no lock-step fallback: HVD_ELASTIC_RELAX_MIN_GAIN=0), deltas from the
+        first push."""
+        self._args, self._callbacks = (buffers, numel, size), callbacks
+        self.current = GradientUpdates(buffers, numel, size, **callbacks)
+        self.deltas = False
+        self.first_delta = None     # per rank, the clock of its first delta push, once the switch is decided
+        self.deltas_from_tick = -1  # the first tick that may carry deltas (-1: none yet)
+        self.gradient_pushes = 0    # this rank's pushes of gradients
+        if relaxed:
+            self.to_deltas()
+            self.deltas_from_tick = 0
+
+    def to_deltas(self):
+        """From the next push on, deltas: W and base from this rank's weights (those of every rank: the replica)."""
+        self.current = DeltaUpdates(*self._args, **self._callbacks)
+        self.deltas = True
+
+    # what the engine and the frontends read: the current kind's
+    local_step = property(lambda self: self.current.local_step)
+    holds_own_pushes = property(lambda self: self.current.holds_own_pushes)
+    global_model = property(lambda self: self.current.global_model)
+    push_scale = property(lambda self: self.current.push_scale)
+
+    def push_function(self, accumulate):
+        return self.current.push_function(accumulate)
+
+    def pushed(self):
+        self.gradient_pushes += not self.deltas
+        self.current.pushed()
+
+    def apply(self, update, count: int):
+        self.current.apply(update, count)
+
+    def proceeding(self):
+        self.current.proceeding()
+
+    def observe(self, view, in_lockstep: bool, tick_index: int):
+        """The switch, decided from the tick stream alone (so every rank makes it at the same tick). At the first
+        tick after which the ranks no longer go in lock-step, rank q's pushes up to its clock in that tick + 1 are
+        gradients -- in lock-step a rank has at most one push beyond its delivered clock, made before it applied this
+        tick -- and from that + 2 on deltas (``first_delta``). A rank waits before its first delta push (:meth:`holds`)
+        until every rank's gradients are in (or the rank finished), so that no tick sums a gradient with a delta; the
+        tick where they are all in switches the kind, on every rank."""
+        if self.deltas:
+            return
+        if self.first_delta is None:
+            if in_lockstep:
+                return
+            self.first_delta = view.clocks + 2
+        if ((view.clocks >= self.first_delta - 1) | view.finished).all():
+            self.to_deltas()
+            self.deltas_from_tick = tick_index + 1
+
+    def holds(self, clock: int, rank: int) -> bool:
+        """This rank's next push (clock + 1) is a delta and the kind has not switched yet."""
+        return self.first_delta is not None and not self.deltas and clock + 1 >= self.first_delta[rank]
+
+    def download(self, keep_latest: bool = False):
+        """DeltaUpdates.download; nothing while gradients are pushed (every rank's weights hold every update
+        applied: what W would be)."""
+        if self.deltas:
+            self.current.download(keep_latest)
+
+    def finish(self):
+        self.current.finish()
+
+    def counters(self) -> dict:
+        """For the report: this rank's gradient pushes, and the first tick that could carry deltas (-1: none)."""
+        return {"gradient_pushes": self.gradient_pushes, "deltas_from_tick": self.deltas_from_tick}

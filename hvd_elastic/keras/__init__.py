@@ -117,7 +117,10 @@ class SyncCallback(keras.callbacks.Callback):
             model.make_train_function(force=True)
         mode = None
         if not spec.horovod_optimizer:
-            mode = "local" if state.local_step else "defer"
+            # "local": the traced step applies the optimizer on the rank's own copy (a policy of deltas only);
+            # "defer": the callback hands the gradient to the engine, which applies it on the replica, or on the own
+            # copy while the updates are deltas (a kind that switches: auto)
+            mode = "local" if spec.deltas and not spec.lockstep_gradients else "defer"
             if state.mode != mode and model.train_function is not None:
                 model.make_train_function(force=True)   # retrace with the new apply mode
         state.start(model.trainable_variables, model_variables=model.variables, root_rank=self.root_rank, mode=mode)

@@ -6,9 +6,10 @@ How the wrapped optimizer's ``apply()`` behaves, by mode (set when training star
 - "average" (bsp): exact gradient averaging with one grouped Average-allreduce, then the optimizer's own ``apply`` --
   works in graph mode (inside ``model.fit``'s ``tf.function`` or the user's) and eagerly; the time blocked in the
   allreduce is measured with ``tf.timestamp`` and read by the step accounting.
-- "defer" (model.fit, gradient policies): the traced train step only stores the gradients into buffers; the
-  callback hands them to the engine at ``on_train_batch_end`` (eager), and the engine applies ticks with the
-  optimizer's own ``apply`` (a ``tf.function`` over one flat gradient).
+- "defer" (model.fit, gradient policies and auto): the traced train step only stores the gradients into buffers;
+  the callback hands them to the engine at ``on_train_batch_end`` (eager), and the engine applies ticks with the
+  optimizer's own ``apply`` (a ``tf.function`` over one flat gradient); while auto's updates are deltas, that apply
+  steps the rank's own copy first and the engine uploads the delta.
 - "local" (model.fit, wbsp): the optimizer steps the rank's own copy in the graph; the callback uploads the delta.
 - "defer" also serves lbbsp under model.fit: the callback runs the synchronous weighted exchange
   (hvd_elastic.lbbsp) on the stored gradient and applies the result with the optimizer's own ``apply``.
@@ -132,8 +133,6 @@ class ElasticState:
         self.optimizer, self.base_cls, self.policy_kwargs, self.frontend = optimizer, base_cls, policy_kwargs, frontend
         self.session = _session(cfg)
         self.mode = "average" if cfg.spec.horovod_optimizer else "eager"
-        # Delta policies (wbsp) step the rank's own copy before the push (engine/updates.py).
-        self.local_step = cfg.spec.deltas
         self.blocked = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="hvd_elastic_blocked")
         self.flat: Optional[_FlatVars] = None
         self.buffers: Optional[List[tf.Variable]] = None
@@ -252,15 +251,18 @@ class ElasticState:
         s.telemetry.add_step(compute + slept, blocked)
         s.last_step_end = time.perf_counter()
 
-    def relaxed_step(self, flat_grad: Optional[tf.Tensor], local_step=None):
-        """Hand this step's update to the engine (the flat gradient, or None for delta policies, whose local step
-        ran already or is `local_step`) and apply delivered ticks."""
+    def relaxed_step(self, flat_grad: Optional[tf.Tensor]):
+        """Hand this step's update to the engine and apply delivered ticks. `flat_grad`: this step's flat gradient,
+        None where the rank's own copy took its local step already (model.fit's "local" mode). While the engine's
+        updates are deltas (wbsp; auto once relaxed: the engine says which, step by step), the optimizer's apply of
+        the gradient on this rank's own copy comes first (timed as compute) and the engine reads the weights;
+        otherwise the gradient is pushed."""
         s = self.session
         if s.engine is None or s.engine.finished:
             raise HvdElasticError("training step after finish() (or before training started): start a new "
                                   "DistributedOptimizer / model.fit for more training")
-        if flat_grad is None:     # delta policies: the engine reads the weights
-            s.relaxed_step(local_step=local_step)
+        if s.engine.updates.local_step:
+            s.relaxed_step(local_step=None if flat_grad is None else lambda: self.apply_flat(flat_grad))
         else:
             s.relaxed_step(lambda dst, alpha: s.engine.buffers.add_(dst, flat_grad, alpha))
 
@@ -383,12 +385,8 @@ def _elastic_apply(self, grads, trainable_variables=None):
         # the first step, and under elastic Horovod the first after a reset (every rank, a joiner included): the
         # broadcast and the engine for the ranks of the moment, from the most advanced replica
         state.start(trainable_variables if trainable_variables is not None else self._trainable_variables)
-    if state.local_step:
-        # A local step on this rank's own copy (compute), through the same tf.function as the ticks.
-        flat_grad = state.flat.flatten(grads)
-        state.relaxed_step(None, local_step=lambda: state.apply_flat(flat_grad))
-    else:
-        state.relaxed_step(state.flat.flatten(grads))
+    # under deltas a local step on this rank's own copy first, through the same tf.function as the ticks
+    state.relaxed_step(state.flat.flatten(grads))
     return None
 
 

@@ -119,7 +119,7 @@ def _relaxed_step_body(self, closure):
     if engine.finished:
         raise HvdElasticError("optimizer.step() after finish(opt): this optimizer's training has ended; build a new "
                               "hvd_elastic.torch.DistributedOptimizer for more training")
-    if engine.updates.local_step:             # wbsp: a local step on this rank's own copy, then its delta
+    if engine.updates.local_step:     # deltas (wbsp; auto once relaxed): a local step on this rank's own copy
         session.relaxed_step(local_step=state.inner_step)
         return loss
     pushed = state.backward.settle(synchronized)
@@ -251,7 +251,7 @@ def _start_engine(optimizer, state: Attached, backward_passes_per_step: int, rec
         write_params=flat.set_weights, read_params_into=flat.weights_into, add_params_into=flat.add_weights_into,
         add_to_params=flat.add_to_weights, sample_params=flat.sample_weights, stream=stream))
     _watch_own_collectives(session.engine)
-    state.backward = BackwardPush(flat, session, state.names, stream and not session.engine.updates.local_step)
+    state.backward = BackwardPush(flat, session, state.names, stream and session.engine.updates.streams)
 
 
 def _advance_engine_ids(used: int):

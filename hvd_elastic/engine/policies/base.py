@@ -21,7 +21,7 @@ import numpy as np
 from ... import _native
 from ...predictors import predict_interval
 from ..pacing.rules import PEER_SPEED, observe_lockstep
-from ..updates import DeltaUpdates, GradientUpdates
+from ..updates import DeltaUpdates, GradientsThenDeltas, GradientUpdates
 from ..view import GlobalView
 
 
@@ -60,9 +60,12 @@ class Policy:
     def __init__(self, cfg, rank: int, size: int):
         self.cfg, self.rank, self.size = cfg, rank, size
         self.name = cfg.policy
-        # The update kind (engine/updates.py), as the registry declares it: deltas after a local step, or gradients
-        # applied on a shared replica.
-        self.updates = DeltaUpdates if cfg.spec.deltas else GradientUpdates
+        # The update kind (engine/updates.py), as the registry declares it: deltas after a local step, gradients
+        # applied on a shared replica, or gradients in lock-step from the start and deltas from the first relaxed
+        # round on.
+        spec = cfg.spec
+        self.updates = (GradientsThenDeltas if spec.lockstep_gradients else DeltaUpdates) if spec.deltas \
+            else GradientUpdates
         self.gaps: Dict[int, int] = {}    # clock gap (own clock - slowest clock) at each step start -> count
         self.origin = np.zeros(size, np.int64)   # see clock_origin
         self.lockstep = Lockstep.build(cfg, size, self.updates)

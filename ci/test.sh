@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source ci/env.sh
 echo "[test] python: $(command -v python)"
-python -m pytest tests -ra --durations=15 "$@"
+python -m pytest tests -ra --durations=0 --durations-min=10 "$@"   # every test of 10 s or more, slowest first

@@ -11,7 +11,7 @@ namespace hvd_elastic {
 
 LockstepRule::LockstepRule(int n, double min_gain, int64_t settle, int64_t sample, int64_t relaxed_sample)
     : min_gain_(min_gain), settle_(settle), sample_(sample), relaxed_sample_(relaxed_sample), clocks_(n, 0),
-      compute_(n, -1.0), last_push_(n, -1), since_(n, 0), origin_(n, 0), finished_(n, false) {
+      compute_(n, -1.0), recent_(n), last_push_(n, -1), since_(n, 0), origin_(n, 0), finished_(n, false) {
   const char* where = "LockstepRule";
   HVD_REQUIRE(n >= 1 && n <= checks::kMaxWorkers, where,
               "n must be in [1, " + std::to_string(checks::kMaxWorkers) + "], got " + std::to_string(n));
@@ -44,10 +44,7 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
     if (last_push_[q] > 0 && last_push_ns[q] > last_push_[q])
       gap[q] = static_cast<double>(last_push_ns[q] - last_push_[q]) / static_cast<double>(pushed[q]);
     if (last_push_ns[q] > 0) last_push_[q] = last_push_ns[q];
-    if (interval_ns[q] > 0) {
-      const double c = static_cast<double>(interval_ns[q]);
-      compute_[q] = compute_[q] < 0 ? c : compute_[q] + kAlpha * (c - compute_[q]);
-    }
+    if (interval_ns[q] > 0) compute_[q] = median_compute(q, static_cast<double>(interval_ns[q]));
   }
   pushes_ += delivered;
   if (lockstep_) lockstep_pushes_ += delivered;
@@ -82,6 +79,18 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
   else if (!lockstep_ && gain_ < min_gain_ * (1 - kHysteresis))
     switch_to(true);
   return lockstep_;
+}
+
+// Rank q's c_q once `interval` joins its latest compute times: their median (the mean of the middle two while the
+// window holds an even number).
+double LockstepRule::median_compute(size_t q, double interval) {
+  std::vector<double>& recent = recent_[q];
+  if (recent.size() == static_cast<size_t>(kWindow)) recent.erase(recent.begin());
+  recent.push_back(interval);
+  std::vector<double> sorted(recent);
+  std::sort(sorted.begin(), sorted.end());
+  const size_t k = sorted.size();
+  return k % 2 ? sorted[k / 2] : 0.5 * (sorted[k / 2 - 1] + sorted[k / 2]);
 }
 
 void LockstepRule::switch_to(bool lockstep) {

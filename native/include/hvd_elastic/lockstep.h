@@ -5,7 +5,9 @@
 // purchase is smaller than the two costs -- equal speeds, or speeds that change faster than predictions follow --
 // BSP's pace is the better choice. This rule makes that choice at run time, from measurements only:
 //
-//   c_q  each live rank's step compute time (a moving average of the tick stream's INTERVAL, per push of q),
+//   c_q  each live rank's step compute time: the median of the tick stream's INTERVAL over q's last kWindow observed
+//        pushes, so one slow step (a page fault, a preempted core, a collector's pause) moves no decision, while a
+//        rank that stays slower counts as slower after kWindow / 2 + 1 pushes,
 //   g_q  the gap between two consecutive pushes of q (the tick stream's LAST_PUSH, per push; the mean gap where a
 //        tick delivers several pushes of q),
 //   o_L  lock-step's cost per round beyond the slowest rank's compute: mean_q g_q - max_q INTERVAL_q over one round,
@@ -33,6 +35,7 @@
 // state at the same tick, so the ranks switch together.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -41,7 +44,7 @@ namespace hvd_elastic {
 class LockstepRule {
  public:
   static constexpr double kHysteresis = 0.05;
-  static constexpr double kAlpha = 0.2;          // moving average of a rank's compute time, per push of the rank
+  static constexpr int kWindow = 7;   // pushes whose compute times' median is a rank's c_q
   // o_L and o_R: exponentially weighted means of their samples past settle (bias-corrected: close to the plain mean
   // while the samples are few, so no single first sample stands for the ones after it). o_R remembers a few seconds
   // of pushes: across hosts, stalls of a few hundred ms every few seconds are part of a relaxed rule's cost, and a
@@ -80,6 +83,7 @@ class LockstepRule {
 
  private:
   void switch_to(bool lockstep);
+  double median_compute(size_t q, double interval);   // records the interval, returns c_q
   bool complete_round(const std::vector<int64_t>& pushed) const;
   void sample_overhead(const std::vector<double>& gap, const std::vector<int64_t>& pushed,
                        const std::vector<int64_t>& interval_ns, bool lockstep_round);
@@ -91,6 +95,7 @@ class LockstepRule {
   int64_t settle_, sample_, relaxed_sample_;
   std::vector<int64_t> clocks_;
   std::vector<double> compute_;   // c_q, -1 until measured
+  std::vector<std::vector<double>> recent_;   // each rank's latest compute times, up to kWindow, oldest first
   std::vector<int64_t> last_push_;  // each rank's latest push time as of the last observation, -1 until known
   bool round_before_ = false;     // the last observation that delivered pushes was a complete round
   bool lockstep_ = true;

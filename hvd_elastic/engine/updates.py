@@ -45,6 +45,9 @@ class GradientUpdates(_OneKind):
     holds_own_pushes = False   # a rank's weights hold its own pushes only once a tick delivers them
     global_model = None        # no global model: the replica's weights are the model's own
     streams = True             # a frontend may hand the gradient over while backward produces it
+    # the lock-step fallback may measure relaxed where lock-step's own cost alone could make it pay: a relaxed phase
+    # leaves the same replica and optimizer behind, and lock-step after it is BSP's again
+    relax_on_cost = True
 
     def __init__(self, buffers, numel: int, size: int,
                  apply_gradient: Optional[Callable[[Any, float, float], None]] = None, **_):
@@ -94,6 +97,9 @@ class DeltaUpdates(_OneKind):
     holds_own_pushes = True    # the rank's own copy holds each delta it uploads (see staleness.py)
     push_scale = 1.0           # deltas are pushed as they are; apply() averages them into W
     streams = False
+    # relaxed is measured only where the ranks' compute times spread: a relaxed phase moves each rank's own copy at
+    # the script's rate on its own gradients, and the run stays off BSP's path after it
+    relax_on_cost = False
 
     def __init__(self, buffers, numel: int, size: int, read_params: Optional[Callable[[], Any]] = None,
                  write_params: Optional[Callable[[Any], None]] = None,
@@ -181,6 +187,7 @@ class GradientsThenDeltas:
     # it brings every rank's W to the same ticks, which changes nothing the ranks compute on)
     syncs_replicas = True
     streams = False       # the kind of a step's push is known only when the step ends
+    relax_on_cost = False  # as DeltaUpdates: the first relaxed phase ends the gradient rounds for the run
 
     def __init__(self, buffers, numel: int, size: int, relaxed: bool = False, **callbacks):
         """relaxed: the ranks start relaxed (no lock-step fallback: HVD_ELASTIC_RELAX_MIN_GAIN=0), deltas from the

@@ -280,8 +280,10 @@ PYBIND11_MODULE(_native, m) {
                            "Starts in lock-step; settle / sample / relaxed_sample: pushes of every live rank after a\n"
                            "switch before the overheads are sampled / sampled during the first measurement of\n"
                            "lock-step / of the relaxed rule.")
-      .def(py::init<int, double, int64_t, int64_t, int64_t>(), py::arg("n"), py::arg("min_gain"),
-           py::arg("settle"), py::arg("sample"), py::arg("relaxed_sample"))
+      .def(py::init<int, double, int64_t, int64_t, int64_t, bool>(), py::arg("n"), py::arg("min_gain"),
+           py::arg("settle"), py::arg("sample"), py::arg("relaxed_sample"), py::arg("spread_only") = false,
+           "spread_only: only a spread of the ranks' compute times (not lock-step's own cost) makes the ranks\n"
+           "measure the relaxed rule for the first time.")
       .def("observe", &LockstepRule::observe, py::arg("clocks"), py::arg("interval_ns"), py::arg("last_push_ns"),
            py::arg("finished"), py::arg("outside") = std::vector<bool>(),
            "One tick's table (per rank: clock, the latest push's step compute time and time in ns, finished, and\n"
@@ -289,7 +291,7 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("lockstep", &LockstepRule::lockstep)
       .def_property_readonly("gain", &LockstepRule::gain,
                              "Predicted pushes per second relaxed / lock-step (its ceiling, at o_R = 0, until the relaxed "
-                             "rule is measured; 0 until lock-step is).")
+                             "rule is measured -- with spread_only, at o_L = 0 too; 0 until lock-step is).")
       .def_property_readonly("overhead_lockstep_ns", &LockstepRule::overhead_lockstep_ns)
       .def_property_readonly("overhead_relaxed_ns", &LockstepRule::overhead_relaxed_ns)
       .def_property_readonly("switches", &LockstepRule::switches)

@@ -9,8 +9,10 @@
 
 namespace hvd_elastic {
 
-LockstepRule::LockstepRule(int n, double min_gain, int64_t settle, int64_t sample, int64_t relaxed_sample)
-    : min_gain_(min_gain), settle_(settle), sample_(sample), relaxed_sample_(relaxed_sample), clocks_(n, 0),
+LockstepRule::LockstepRule(int n, double min_gain, int64_t settle, int64_t sample, int64_t relaxed_sample,
+                           bool spread_only)
+    : min_gain_(min_gain), settle_(settle), sample_(sample), relaxed_sample_(relaxed_sample),
+      spread_only_(spread_only), clocks_(n, 0),
       compute_(n, -1.0), recent_(n), last_push_(n, -1), since_(n, 0), origin_(n, 0), finished_(n, false) {
   const char* where = "LockstepRule";
   HVD_REQUIRE(n >= 1 && n <= checks::kMaxWorkers, where,
@@ -66,6 +68,10 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
   // gain), lock-step's cost cannot change the choice: relaxed is measured at once.
   const bool compute_clears = lockstep_ && !explored_ && gain_at(0, 0) >= min_gain_ * (1 + kHysteresis);
   if (!explored_ && !compute_clears) {  // one measurement of each mode first: lock-step, then relaxed where it can pay
+    if (spread_only_ && lockstep_) {   // ... where the compute times alone promise it (compute_clears), and only there
+      gain_ = gain_at(0, 0);
+      return lockstep_;
+    }
     if (in_mode < settle_ + sample_ || (lockstep_ ? lock_mean_ : relax_mean_).value() < 0) return lockstep_;
     // relaxed: `sample` pushes settle a clear loss (fewer pushes per second than lock-step); a gain near the switch
     // takes `relaxed_sample`, so that one stall cannot decide it

@@ -124,6 +124,22 @@ def test_speeds_that_spread_out_later_make_the_ranks_measure_relaxed_and_relax()
     assert s.rule.overhead_relaxed_ns == pytest.approx(10 * MS)
 
 
+def test_spread_only_measures_relaxed_for_a_spread_of_speeds_not_for_lockstep_cost():
+    # the delta policies' rule: equal compute times with lock-step dear (20 ms a round: a ceiling of 50 / 30, which
+    # makes the gradient policies' rule measure relaxed, as in the first test) stay in lock-step; a straggler relaxes
+    # after settle, as without spread_only
+    s = Stream()
+    s.rule = N.LockstepRule(4, 1.25, SETTLE, SAMPLE, RELAXED_SAMPLE, spread_only=True)
+    assert all(s.rounds(40, [30] * 4, [50] * 4))
+    assert s.rule.switches == 0 and s.rule.overhead_relaxed_ns == -1
+    assert s.rule.overhead_lockstep_ns == pytest.approx(20 * MS) and s.rule.gain == pytest.approx(1.0)
+    s = Stream()
+    s.rule = N.LockstepRule(4, 1.25, SETTLE, SAMPLE, RELAXED_SAMPLE, spread_only=True)
+    assert s.rounds(2, STRAGGLER, LOCKSTEP_STRAGGLER) == [True, False]
+    s.rounds(4, STRAGGLER, RELAXED_STRAGGLER)
+    assert not s.rule.lockstep and s.rule.gain == pytest.approx((3 / 40 + 1 / 100) / (4 / 95), rel=1e-6)
+
+
 @pytest.mark.parametrize("slow_steps", [1, 3])
 def test_a_few_slow_steps_of_one_rank_at_equal_speeds_leave_the_ranks_in_lockstep(slow_steps):
     # one rank's step takes 4x for one to three pushes (a preempted core, a collector's pause): a rank's compute time

@@ -201,14 +201,15 @@ class Lockstep:
     RELAXED_SAMPLE = 32   # ... and of the relaxed rule's near the switch (SAMPLE where it loses outright): across
     # hosts the relaxed rule's cost moves with stalls every few seconds, and one must not decide
 
-    def __init__(self, size: int, min_gain: float):
-        self.size, self.min_gain = size, min_gain
+    def __init__(self, size: int, min_gain: float, spread_only: bool = False):
+        self.size, self.min_gain, self.spread_only = size, min_gain, spread_only
         self.rule = self.new_rule()
 
     def new_rule(self):
         """A rule in its starting state: fed the same tick stream, every copy holds the same mode at the same tick
         (the tick pacing keeps one on the tick thread: engine/pacing/__init__.py AutoPacing)."""
-        return _native.LockstepRule(self.size, self.min_gain, self.SETTLE, self.SAMPLE, self.RELAXED_SAMPLE)
+        return _native.LockstepRule(self.size, self.min_gain, self.SETTLE, self.SAMPLE, self.RELAXED_SAMPLE,
+                                    self.spread_only)
 
     @classmethod
     def build(cls, cfg, size: int, updates) -> Optional["Lockstep"]:
@@ -216,10 +217,11 @@ class Lockstep:
         HVD_ELASTIC_WBSP_LOCKSTEP=1). A delta policy (wbsp) in lock-step uploads once a round and downloads the
         global model W once every rank's upload of the round is in it (its own rule allows that download then), so
         that W moves by the mean of deltas taken from one W: with SGD (momentum included, each rank's buffer fed its
-        own gradients) the mean of BSP's updates."""
+        own gradients) the mean of BSP's updates. Whether lock-step's own cost may start a measurement of relaxed, or
+        only a spread of the ranks' compute times, is the update kind's (``relax_on_cost``, engine/updates.py)."""
         if size < 2 or cfg.relax_min_gain <= 0:
             return None
-        return cls(size, cfg.relax_min_gain)
+        return cls(size, cfg.relax_min_gain, spread_only=not updates.relax_on_cost)
 
     def holds(self, gate: Gate) -> bool:
         """SSP with s = 0 on the steps each rank has run since the rule's origin (the switch into lock-step, or the

@@ -30,7 +30,10 @@
 // (`settle` + `relaxed_sample`, or + `sample` where relaxing loses outright), then the model decides at every
 // observation (o_L counted as 0 until lock-step is measured: the gain understated, never overstated). Relaxed is
 // measured only once its gain can reach the switch: while even o_R = 0 (the ceiling) predicts less, as with equal
-// speeds, the ranks stay in lock-step and the ceiling is checked at every observation instead. Every input
+// speeds, the ranks stay in lock-step and the ceiling is checked at every observation instead. With `spread_only`,
+// only the compute times start that first measurement (the ceiling at o_L = 0: a spread of the ranks' speeds, ranks
+// that wait for another), not lock-step's own cost: for the delta policies, whose first relaxed phase takes the ranks
+// off the lock-step arithmetic for the rest of the run (docs/design.md, "auto"). Every input
 // comes from the tick stream, which every rank observes identically in the same order: every rank holds the same
 // state at the same tick, so the ranks switch together.
 #pragma once
@@ -56,7 +59,8 @@ class LockstepRule {
   // samples `sample` pushes, the first of the relaxed rule `sample` where it shows a clear loss (gain < 1: fewer
   // pushes per second than lock-step) and `relaxed_sample` otherwise (longer: a relaxed rule's cost moves more, e.g.
   // with the network's stalls, and its first measurement decides whether relaxing is measured again).
-  LockstepRule(int n, double min_gain, int64_t settle, int64_t sample, int64_t relaxed_sample);
+  LockstepRule(int n, double min_gain, int64_t settle, int64_t sample, int64_t relaxed_sample,
+               bool spread_only = false);
 
   // One tick's table: per rank the pushes delivered (clock), the latest push's step compute time and the time of the
   // latest push (ns on one clock per rank; <= 0: not measured yet), finished flags, and (optional: empty = none)
@@ -66,7 +70,9 @@ class LockstepRule {
                const std::vector<bool>& outside = {});
 
   bool lockstep() const { return lockstep_; }
-  double gain() const { return gain_; }  // the latest prediction (its ceiling until o_R is measured); 0 until o_L is
+  // the latest prediction (its ceiling until o_R is measured; with spread_only, the compute times' alone until
+  // then); 0 until o_L is
+  double gain() const { return gain_; }
   double overhead_lockstep_ns() const { return lock_mean_.value(); }  // o_L; -1 until measured
   double overhead_relaxed_ns() const { return relax_mean_.value(); }  // o_R; -1 until measured
   int64_t switches() const { return switches_; }
@@ -93,6 +99,7 @@ class LockstepRule {
 
   double min_gain_;
   int64_t settle_, sample_, relaxed_sample_;
+  bool spread_only_;
   std::vector<int64_t> clocks_;
   std::vector<double> compute_;   // c_q, -1 until measured
   std::vector<std::vector<double>> recent_;   // each rank's latest compute times, up to kWindow, oldest first

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "hvd_elastic/checks.h"
+#include "hvd_elastic/predictors.h"
 
 namespace hvd_elastic {
 
@@ -46,7 +47,12 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
     if (last_push_[q] > 0 && last_push_ns[q] > last_push_[q])
       gap[q] = static_cast<double>(last_push_ns[q] - last_push_[q]) / static_cast<double>(pushed[q]);
     if (last_push_ns[q] > 0) last_push_[q] = last_push_ns[q];
-    if (interval_ns[q] > 0) compute_[q] = median_compute(q, static_cast<double>(interval_ns[q]));
+    if (interval_ns[q] > 0) {   // c_q: the median of the rank's last kWindow compute times (predictors.h)
+      std::vector<int64_t>& recent = recent_[q];
+      if (recent.size() == static_cast<size_t>(kWindow)) recent.erase(recent.begin());
+      recent.push_back(interval_ns[q]);
+      compute_[q] = static_cast<double>(predict_median_interval(recent, kWindow));
+    }
   }
   pushes_ += delivered;
   if (lockstep_) lockstep_pushes_ += delivered;
@@ -85,18 +91,6 @@ bool LockstepRule::observe(const std::vector<int64_t>& clocks, const std::vector
   else if (!lockstep_ && gain_ < min_gain_ * (1 - kHysteresis))
     switch_to(true);
   return lockstep_;
-}
-
-// Rank q's c_q once `interval` joins its latest compute times: their median (the mean of the middle two while the
-// window holds an even number).
-double LockstepRule::median_compute(size_t q, double interval) {
-  std::vector<double>& recent = recent_[q];
-  if (recent.size() == static_cast<size_t>(kWindow)) recent.erase(recent.begin());
-  recent.push_back(interval);
-  std::vector<double> sorted(recent);
-  std::sort(sorted.begin(), sorted.end());
-  const size_t k = sorted.size();
-  return k % 2 ? sorted[k / 2] : 0.5 * (sorted[k / 2 - 1] + sorted[k / 2]);
 }
 
 void LockstepRule::switch_to(bool lockstep) {

@@ -7,7 +7,7 @@
 //
 //   c_q  each live rank's step compute time: the median of the tick stream's INTERVAL over q's last kWindow observed
 //        pushes, so one slow step (a page fault, a preempted core, a collector's pause) moves no decision, while a
-//        rank that stays slower counts as slower after kWindow / 2 + 1 pushes,
+//        rank that stays slower counts as slower after kWindow / 2 + 1 pushes (predictors.h predict_median_interval),
 //   g_q  the gap between two consecutive pushes of q (the tick stream's LAST_PUSH, per push; the mean gap where a
 //        tick delivers several pushes of q),
 //   o_L  lock-step's cost per round beyond the slowest rank's compute: mean_q g_q - max_q INTERVAL_q over one round,
@@ -38,7 +38,6 @@
 // state at the same tick, so the ranks switch together.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -89,7 +88,6 @@ class LockstepRule {
 
  private:
   void switch_to(bool lockstep);
-  double median_compute(size_t q, double interval);   // records the interval, returns c_q
   bool complete_round(const std::vector<int64_t>& pushed) const;
   void sample_overhead(const std::vector<double>& gap, const std::vector<int64_t>& pushed,
                        const std::vector<int64_t>& interval_ns, bool lockstep_round);
@@ -102,7 +100,7 @@ class LockstepRule {
   bool spread_only_;
   std::vector<int64_t> clocks_;
   std::vector<double> compute_;   // c_q, -1 until measured
-  std::vector<std::vector<double>> recent_;   // each rank's latest compute times, up to kWindow, oldest first
+  std::vector<std::vector<int64_t>> recent_;   // each rank's latest compute times (ns), up to kWindow, oldest first
   std::vector<int64_t> last_push_;  // each rank's latest push time as of the last observation, -1 until known
   bool round_before_ = false;     // the last observation that delivered pushes was a complete round
   bool lockstep_ = true;

@@ -219,12 +219,15 @@ def _elastic_job(folder, policy):
     worker = "elastic_torch.py" if frontend == "torch" else "elastic_keras.py"
     # A reset's rendezvous waits for every worker of the new round for Gloo's timeout only, and a worker started in it
     # on these shared cores (launch, imports, hvd.init()) can take longer than Horovod's 30 s (docs/horovod-compat.md,
-    # "Elastic Horovod"): the timeout is 60 s, and the killed worker's host is taken back after 15-16 s, so the kill's
-    # reset re-forms the survivors alone and the host's new worker joins in a reset of its own. Horovod's response
-    # cache is off (docs/horovod-compat.md advises it under the tick policies: with it, a kill can abort a survivor).
+    # "Elastic Horovod"): the timeout is 60 s, 120 s for the jobs importing TensorFlow (5 CPU-s of imports a worker;
+    # beside 5 other jobs one such worker of a reset missed 60 s), and the killed worker's host is taken back after
+    # 15-16 s, so the kill's reset re-forms the survivors alone and the host's new worker joins in a reset of its own.
+    # Horovod's response cache is off (docs/horovod-compat.md advises it under the tick policies: with it, a kill can
+    # abort a survivor).
     cmd = [os.path.join(BIN, "horovodrun"), "-np", "3", "--min-np", "2", "--max-np", "3",
            "--host-discovery-script", str(discover), "--gloo", "--elastic-timeout", "60",
-           "--gloo-timeout-seconds", "60", "--blacklist-cooldown-range", "15", "16", "--cache-capacity", "0",
+           "--gloo-timeout-seconds", "60" if frontend == "torch" else "120",
+           "--blacklist-cooldown-range", "15", "16", "--cache-capacity", "0",
            "--network-interface", "hvde0", os.path.join(BIN, "python"),
            os.path.join(ROOT, "tests", "workers", worker), "--hosts-file", str(hosts), "--np", "3",
            "--host-names", ",".join(HOSTS[:3]), *map(str, ELASTIC_CHURN),
